@@ -1,0 +1,1 @@
+"""Scheduling policies: HexAgent reference, classical baselines and learned schedulers."""

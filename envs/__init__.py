@@ -1,0 +1,1 @@
+"""Gymnasium environments over the hexagent_gym simulator core."""

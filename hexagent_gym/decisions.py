@@ -1,0 +1,149 @@
+"""The decision seam between the simulator core and scheduling policies (DESIGN §3).
+
+At a scheduling invocation the core exposes a :class:`DecisionPoint`: the stage, the waiting
+calls (the window) and the planner's simulated state Ŝ with its projections Δ(c, p, d). A policy
+answers one pick at a time; each pick updates Ŝ and the projections of the calls still waiting.
+The pick order is the plan's rank. When every call is picked the simulator applies the plan.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from hexagent_gym.entities import Call
+    from hexagent_gym.planner import PlanState
+
+
+class Stage(IntEnum):
+    """Which queue a decision plans."""
+
+    PREFILL = 0  # waiting-prefill calls: choose (p, d) and prefill queue rank
+    DECODE = 1  # transferred calls at their locked decode instance: choose decode queue rank
+
+
+class DecisionPoint:
+    """One scheduling invocation: pick every call of the window once, in priority order.
+
+    Attributes:
+        stage: :class:`Stage` of this invocation.
+        now: simulated time (s).
+        calls: the window of waiting calls (oldest first); indices into it are the "slots".
+        state: Ŝ, the planner's simulated state (updated by each pick).
+        plan: picks so far as ``(call, p, d, delta_s)`` in rank order.
+    """
+
+    __slots__ = ("stage", "now", "calls", "state", "plan", "picked", "_delta", "_remaining",
+                 "wall_start")
+
+    def __init__(self, stage: Stage, now: float, calls: list[Call], state: PlanState,
+                 wall_start: float = 0.0) -> None:
+        self.stage = stage
+        self.now = now
+        self.calls = calls
+        self.state = state
+        self.plan: list[tuple[Call, int, int, float]] = []
+        self.picked = [False] * len(calls)
+        self._delta: np.ndarray | None = None
+        self._remaining = len(calls)
+        self.wall_start = wall_start
+
+    @property
+    def done(self) -> bool:
+        """True once every call in the window has been picked."""
+        return self._remaining == 0
+
+    @property
+    def remaining(self) -> list[int]:
+        """Slots not picked yet, oldest first."""
+        return [i for i, p in enumerate(self.picked) if not p]
+
+    @property
+    def num_prefill(self) -> int:
+        return self.state.tables.num_prefill
+
+    @property
+    def num_decode(self) -> int:
+        return self.state.tables.num_decode
+
+    @property
+    def delta(self) -> np.ndarray:
+        """Projected completion offsets Δ (n, P, D) in seconds from ``now`` under the current Ŝ.
+
+        Infeasible pairs and already-picked slots are ``inf``. At the decode stage only each call's
+        locked (p, d) is finite. Recomputed lazily after every pick.
+        """
+        if self._delta is None:
+            if self.stage == Stage.PREFILL:
+                delta = self.state.project_prefill(self.calls)
+            else:
+                delta = self.state.project_decode(self.calls)
+            for i, p in enumerate(self.picked):
+                if p:
+                    delta[i] = np.inf
+            self._delta = delta
+        return self._delta
+
+    def delta_row(self, slot: int) -> np.ndarray:
+        """Δ (P, D) of one slot, without computing the whole tensor (for one-pass orderings)."""
+        if self._delta is not None:
+            return self._delta[slot]
+        call = [self.calls[slot]]
+        if self.stage == Stage.PREFILL:
+            return self.state.project_prefill(call)[0]
+        return self.state.project_decode(call)[0]
+
+    def feasible(self, slot: int) -> np.ndarray:
+        """Boolean (P, D) mask of valid placements for a slot (all False once it is picked)."""
+        if self.picked[slot]:
+            return np.zeros((self.num_prefill, self.num_decode), dtype=bool)
+        return np.isfinite(self.delta_row(slot))
+
+    def pick(self, slot: int, p: int, d: int) -> None:
+        """Record the next-ranked call and its placement, then update Ŝ.
+
+        Raises:
+            ValueError: the slot is out of range or already picked, or (p, d) is not a valid
+                placement for it (out of range, cannot hold its KV, or not its locked pair).
+        """
+        n = len(self.calls)
+        if not 0 <= slot < n:
+            raise ValueError(f"call slot {slot} is out of range: this decision has {n} calls "
+                             f"(slots 0..{n - 1})")
+        if self.picked[slot]:
+            raise ValueError(f"call slot {slot} was already picked at this decision; "
+                             f"unpicked slots: {self.remaining}")
+        P, D = self.num_prefill, self.num_decode
+        if not (0 <= p < P and 0 <= d < D):
+            raise ValueError(f"placement (p={p}, d={d}) is out of range: the cluster has {P} "
+                             f"prefill and {D} decode instances")
+        call = self.calls[slot]
+        if self.stage == Stage.DECODE and (p, d) != (call.prefill_inst, call.decode_inst):
+            raise ValueError(f"call slot {slot} is locked to (p={call.prefill_inst}, "
+                             f"d={call.decode_inst}) at the decode stage, got (p={p}, d={d})")
+        row = self.delta_row(slot)
+        value = float(row[p, d])
+        if not np.isfinite(value):
+            cap = self.state.tables.capacity[d]
+            raise ValueError(f"call slot {slot} needs {call.kv_true} KV tokens but decode "
+                             f"instance {d} holds at most {int(cap)}; choose a d where "
+                             f"feasible(slot) is True")
+        self.state.commit(call, p, d, value, self.stage == Stage.PREFILL)
+        self.plan.append((call, p, d, value))
+        self.picked[slot] = True
+        self._remaining -= 1
+        self._delta = None
+
+
+def earliest_finish_pick(dp: DecisionPoint) -> tuple[int, int, int]:
+    """The core's fallback: the oldest unpicked call (FIFO) at its earliest projected finish.
+
+    Ties between pairs go to the lowest prefill index, then the lowest decode index.
+    """
+    slot = dp.picked.index(False)
+    row = dp.delta_row(slot)
+    p, d = np.unravel_index(int(np.argmin(row)), row.shape)
+    return slot, int(p), int(d)

@@ -1,0 +1,223 @@
+"""Runtime entities of one episode: calls, workflows, prefill and decode instances.
+
+Plain slotted classes with public fields: the event loop touches them millions of times, so there
+are no properties or validation layers on the hot path; invariants are asserted on transitions.
+"""
+
+from __future__ import annotations
+
+import heapq
+from enum import IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hexagent_gym.latency import LatencyModel
+    from hexagent_gym.workload import CallSpec, WorkflowSpec
+
+
+class CallState(IntEnum):
+    """Lifecycle of a call (DESIGN §2). Transitions only move forward."""
+
+    HIDDEN = 0
+    WAITING_PREFILL = 1
+    PREFILL = 2
+    TRANSFER = 3
+    WAITING_DECODE = 4
+    DECODE = 5
+    DONE = 6
+
+
+# Queue keys: planned calls sort before unplanned ones; within each group by rank / reveal order.
+PLANNED = 0
+UNPLANNED = 1
+
+
+class Call:
+    """One LLM call at run time: true lengths drive service; ``*_est``/``*_pred`` are estimates."""
+
+    __slots__ = (
+        "uid", "workflow", "index", "spec", "l_in", "l_out", "l_out_pred", "kv_true", "kv_pred",
+        "pf_err", "dec_err", "state", "reveal_t", "reveal_seq", "pf_true", "pf_est",
+        "prefill_inst", "decode_inst", "queue_key", "pending_parents", "prefill_start",
+        "prefill_end", "transfer_end", "decode_start", "finish_t", "v_admit", "v_finish",
+        "v_finish_pred", "ef_start", "ef", "est_duration", "service", "proj_release",
+    )
+
+    def __init__(self, uid: int, workflow: Workflow, index: int, spec: CallSpec,
+                 l_out_pred: int, pf_err: float, dec_err: float) -> None:
+        self.uid = uid
+        self.workflow = workflow
+        self.index = index
+        self.spec = spec
+        self.l_in = spec.input_tokens
+        self.l_out = spec.output_tokens
+        self.l_out_pred = l_out_pred
+        self.kv_true = spec.input_tokens + spec.output_tokens
+        self.kv_pred = spec.input_tokens + l_out_pred
+        self.pf_err = pf_err
+        self.dec_err = dec_err
+        self.state = CallState.HIDDEN
+        self.reveal_t = -1.0
+        self.reveal_seq = -1
+        self.pf_true = None  # list: true prefill seconds per prefill instance
+        self.pf_est = None  # numpy row: scheduler-visible prefill seconds per prefill instance
+        self.prefill_inst = -1
+        self.decode_inst = -1
+        self.queue_key: tuple[int, int] = (UNPLANNED, 0)
+        self.pending_parents = len(spec.parents)
+        self.prefill_start = -1.0
+        self.prefill_end = -1.0
+        self.transfer_end = -1.0
+        self.decode_start = -1.0
+        self.finish_t = -1.0
+        self.v_admit = 0.0
+        self.v_finish = 0.0
+        self.v_finish_pred = 0.0
+        self.ef_start = 0.0  # scheduler's isolated-schedule start offset (from workflow arrival)
+        self.ef = 0.0  # scheduler's isolated-schedule finish offset
+        self.est_duration = 0.0  # scheduler's standalone duration estimate (best pair, alone)
+        self.service = 0.0  # ATLAS: attained service along the critical path up to this call
+        self.proj_release = 0.0  # projected decode finish when placed (planner's reservation)
+
+    def __repr__(self) -> str:
+        return (f"Call({self.workflow.spec.workflow_id}#{self.spec.id}, {self.state.name}, "
+                f"in={self.l_in}, out={self.l_out})")
+
+
+class Workflow:
+    """One workflow instance of the episode."""
+
+    __slots__ = (
+        "uid", "spec", "arrival", "calls", "num_done", "finish_t", "horizon", "h_est",
+        "h_est_done", "open_calls", "service", "trace_index",
+    )
+
+    def __init__(self, uid: int, spec: WorkflowSpec, arrival: float, trace_index: int) -> None:
+        self.uid = uid
+        self.spec = spec
+        self.arrival = arrival
+        self.trace_index = trace_index
+        self.calls: list[Call | None] = [None] * len(spec.calls)
+        self.num_done = 0
+        self.finish_t = -1.0
+        self.horizon = 0.0  # true standalone completion time H_w (the metric's denominator)
+        self.h_est = 0.0  # scheduler's running horizon H_w(t) of the revealed subgraph
+        self.h_est_done = 0.0  # part of h_est fixed by finished calls
+        self.open_calls: list[Call] = []  # revealed, not finished (for h_est refresh)
+        self.service = 0.0  # ATLAS program-level attained service
+
+    @property
+    def done(self) -> bool:
+        return self.num_done == len(self.calls)
+
+    def refresh_h_est(self) -> None:
+        h = self.h_est_done
+        for c in self.open_calls:
+            if c.ef > h:
+                h = c.ef
+        self.h_est = h
+
+
+class PrefillInstance:
+    """Single-server prefill: one call at a time, a local queue ordered by ``Call.queue_key``."""
+
+    __slots__ = ("index", "gpu", "latency", "queue", "running", "busy_until", "queued_est")
+
+    def __init__(self, index: int, gpu: str, latency: LatencyModel) -> None:
+        self.index = index
+        self.gpu = gpu
+        self.latency = latency
+        self.queue: list[Call] = []
+        self.running: Call | None = None
+        self.busy_until = 0.0
+        self.queued_est = 0.0  # scheduler-visible seconds of prefill work queued (not running)
+
+    def pop_next(self) -> Call:
+        """Remove and return the queued call with the smallest key."""
+        q = self.queue
+        best = 0
+        best_key = q[0].queue_key
+        for i in range(1, len(q)):
+            k = q[i].queue_key
+            if k < best_key:
+                best, best_key = i, k
+        return q.pop(best)
+
+
+class DecodeInstance:
+    """Continuous-batching decode with a piecewise-constant token rate.
+
+    Every running sequence gains one token per step, so the instance keeps one *virtual token
+    clock* ``v`` (tokens generated per sequence since the episode start). A call admitted at ``v0``
+    finishes when ``v`` reaches ``v0 + L_out``. The step time is re-evaluated only when the batch
+    changes, from the batch size and the batch's mean context over the remaining steps
+    (``ctx = S + B·(v−1)/2`` with ``S = Σ(L_in + v_finish/2 − v_admit)``), which is exact for a
+    lone call when step time is linear in context. See docs/simulator.md for the error measured
+    against a per-token reference.
+    """
+
+    __slots__ = (
+        "index", "gpu", "latency", "capacity", "max_batch", "used_kv", "batch", "v", "t_v",
+        "step", "ctx_sum", "version", "waiting", "inbound", "committed_pred", "committed_count",
+        "sched_ctx",
+    )
+
+    def __init__(self, index: int, gpu: str, latency: LatencyModel, capacity: int,
+                 max_batch: int) -> None:
+        self.index = index
+        self.gpu = gpu
+        self.latency = latency
+        self.capacity = capacity
+        self.max_batch = max_batch
+        self.used_kv = 0  # true KV tokens reserved by running calls
+        self.batch: list[tuple[float, int, Call]] = []  # heap of (v_finish, uid, call)
+        self.v = 0.0
+        self.t_v = 0.0
+        self.step = 0.0  # seconds per token at the current batch
+        self.ctx_sum = 0.0  # S in the class docstring
+        self.version = 0  # bumps on every batch change; stale DECODE_DONE events are ignored
+        self.waiting: list[Call] = []  # transferred, not yet admitted (locked here)
+        # Scheduler-visible commitments: calls placed on this decode instance (from placement
+        # until they finish): predicted KV tokens and count.
+        self.committed_pred = 0
+        self.committed_count = 0
+        self.sched_ctx = 0.0  # Σ (L_in + L_out_pred/2) over committed calls
+        self.inbound: dict[int, Call] = {}  # placed here, not admitted yet (uid -> call)
+
+    def advance(self, now: float) -> None:
+        """Move the virtual token clock to ``now`` at the current rate."""
+        if self.batch and now > self.t_v:
+            self.v += (now - self.t_v) / self.step
+        self.t_v = now
+
+    def admit(self, call: Call, now: float) -> None:
+        """Start decoding ``call`` (caller checked capacity and batch size)."""
+        self.advance(now)
+        call.v_admit = self.v
+        call.v_finish = self.v + call.l_out
+        call.v_finish_pred = self.v + call.l_out_pred
+        self.used_kv += call.kv_true
+        assert self.used_kv <= self.capacity, "decode KV capacity exceeded"
+        self.ctx_sum += call.l_in + 0.5 * call.v_finish - call.v_admit
+        heapq.heappush(self.batch, (call.v_finish, call.uid, call))
+
+    def finish_head(self) -> Call:
+        """Remove the call with the smallest virtual finish; the clock is set to it exactly."""
+        vf, _, call = heapq.heappop(self.batch)
+        self.v = vf
+        self.used_kv -= call.kv_true
+        self.ctx_sum -= call.l_in + 0.5 * call.v_finish - call.v_admit
+        return call
+
+    def rerate(self) -> float:
+        """Recompute the step time after a batch change; returns the next finish delay (or inf)."""
+        self.version += 1
+        b = len(self.batch)
+        if b == 0:
+            self.step = 0.0
+            self.ctx_sum = 0.0  # drop accumulated rounding while idle
+            self.v = 0.0  # so a lone call on an idle instance sees the same numbers as alone
+            return float("inf")
+        ctx = self.ctx_sum + b * (self.v - 1.0) * 0.5
+        self.step = self.latency.decode_step_time(b, ctx)
+        return (self.batch[0][0] - self.v) * self.step

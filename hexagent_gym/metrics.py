@@ -1,0 +1,125 @@
+"""Workflow-level SLO metrics: C_w/H_w ratios, Req_τ and attainment curves (DESIGN §2)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+def req(ratios: np.ndarray, tau: float) -> float:
+    """Req_τ: the smallest SLO scale α with at least a fraction τ of workflows meeting α·H_w.
+
+    That is the ⌈τ·n⌉-th smallest ratio C_w/H_w (1-based). NaN for an empty episode.
+    """
+    if not 0.0 < tau <= 1.0:
+        raise ValueError(f"tau must be in (0, 1], got {tau}")
+    n = len(ratios)
+    if n == 0:
+        return math.nan
+    k = max(1, math.ceil(tau * n - 1e-9))  # guard τ·n that is an integer up to rounding
+    return float(np.partition(np.asarray(ratios, dtype=np.float64), k - 1)[k - 1])
+
+
+def attainment(ratios: np.ndarray, alpha: float | np.ndarray) -> float | np.ndarray:
+    """Fraction of workflows with C_w ≤ α·H_w, for one α or an array of them."""
+    r = np.sort(np.asarray(ratios, dtype=np.float64))
+    if len(r) == 0:
+        return math.nan if np.ndim(alpha) == 0 else np.full(np.shape(alpha), math.nan)
+    frac = np.searchsorted(r, alpha, side="right") / len(r)
+    return float(frac) if np.ndim(alpha) == 0 else frac
+
+
+@dataclass(slots=True)
+class WorkflowRecord:
+    """Outcome of one workflow of an episode (times in simulated seconds)."""
+
+    workflow_id: str
+    trace_index: int
+    arrival: float
+    finish: float
+    horizon: float
+    num_calls: int
+
+    @property
+    def ratio(self) -> float:
+        return (self.finish - self.arrival) / self.horizon
+
+
+@dataclass(slots=True)
+class EpisodeResult:
+    """Metrics of one simulated episode.
+
+    Attributes:
+        ratios: C_w/H_w per workflow, in the episode's workflow order.
+        records: per-workflow arrival, finish and horizon.
+        num_calls: LLM calls served.
+        invocations: scheduling invocations (decision points).
+        decisions: picks made by the policy over all invocations.
+        scheduler_seconds: wall time spent building projections and picking.
+        sim_seconds: simulated time at which the last call finished.
+        wall_seconds: wall time of the whole episode (simulation + scheduling).
+        policy: name of the policy that ran (informational).
+    """
+
+    ratios: np.ndarray
+    records: list[WorkflowRecord]
+    num_calls: int
+    invocations: int
+    decisions: int
+    scheduler_seconds: float
+    sim_seconds: float
+    wall_seconds: float
+    policy: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_workflows(self) -> int:
+        return len(self.ratios)
+
+    @property
+    def req95(self) -> float:
+        return req(self.ratios, 0.95)
+
+    @property
+    def req99(self) -> float:
+        return req(self.ratios, 0.99)
+
+    def req(self, tau: float) -> float:
+        return req(self.ratios, tau)
+
+    def attainment(self, alpha: float | np.ndarray) -> float | np.ndarray:
+        return attainment(self.ratios, alpha)
+
+    @property
+    def scheduler_ms_per_invocation(self) -> float:
+        return 1e3 * self.scheduler_seconds / self.invocations if self.invocations else 0.0
+
+    def to_dict(self, include_records: bool = True) -> dict[str, Any]:
+        """JSON-ready summary; per-workflow ratios always included."""
+        out: dict[str, Any] = {
+            "policy": self.policy,
+            "num_workflows": self.num_workflows,
+            "num_calls": self.num_calls,
+            "req95": self.req95,
+            "req99": self.req99,
+            "mean_ratio": float(np.mean(self.ratios)) if len(self.ratios) else math.nan,
+            "invocations": self.invocations,
+            "decisions": self.decisions,
+            "scheduler_seconds": self.scheduler_seconds,
+            "scheduler_ms_per_invocation": self.scheduler_ms_per_invocation,
+            "sim_seconds": self.sim_seconds,
+            "wall_seconds": self.wall_seconds,
+            "ratios": [float(x) for x in self.ratios],
+        }
+        if include_records:
+            out["records"] = [
+                {"workflow_id": r.workflow_id, "trace_index": r.trace_index,
+                 "arrival": r.arrival, "finish": r.finish, "horizon": r.horizon,
+                 "num_calls": r.num_calls}
+                for r in self.records
+            ]
+        out.update(self.extra)
+        return out

@@ -1,0 +1,234 @@
+"""The planner's simulated state Ŝ and the projections Δ(c, p, d) of DESIGN §3.
+
+Everything here is *scheduler-visible*: prefill and decode times carry the per-call estimation
+error and output lengths are predicted ones. True service times live in the simulator only.
+
+Projection of call c on pair (p, d) at time ``now``::
+
+    pf_end  = free[p] + pf_est[c, p]
+    arrive  = pf_end + setup[p, d] + L_in · s_per_token[p, d]
+    start   = max(arrive, T_d(c))          # earliest capacity- and batch-feasible decode start
+    Δ       = start + L_out_pred · τ_d(c) − now
+
+``T_d`` treats every reservation on d as held from now until its projected release (a
+conservative step function, so the earliest start is one search in the sorted releases), and
+``τ_d`` is the per-token step time with the call added to d's committed batch, from an affine
+(in context) table per batch size.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from hexagent_gym.cluster import ClusterSpec
+    from hexagent_gym.entities import Call, DecodeInstance, PrefillInstance
+
+INF = float("inf")
+_SLOPE_SPAN = 8192.0  # context tokens over which the per-token slope of step time is measured
+
+
+class ClusterTables:
+    """Per-cluster constants for the hot path, shared by every episode on that cluster."""
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.cluster = cluster
+        self.num_prefill = len(cluster.prefill)
+        self.num_decode = len(cluster.decode)
+        self.setup = np.asarray(cluster.transfer_setup_s, dtype=np.float64)
+        self.s_per_token = np.asarray(cluster.transfer_s_per_token, dtype=np.float64)
+        self.setup_list = self.setup.tolist()
+        self.spt_list = self.s_per_token.tolist()
+        self.capacity = np.array([d.kv_capacity_tokens for d in cluster.decode], dtype=np.float64)
+        self.max_batch = np.array([d.max_batch_size for d in cluster.decode], dtype=np.int64)
+        # Distinct latency models ("classes") so per-call work is per class, not per instance.
+        self.pf_models, self.pf_class = _classes([p.latency for p in cluster.prefill])
+        self.dec_models, self.dec_class = _classes([d.latency for d in cluster.decode])
+        self._pf_cache: dict[int, tuple[list[float], np.ndarray]] = {}
+        width = int(self.max_batch.max()) + 2
+        base = np.zeros((len(self.dec_models), width))
+        slope = np.zeros((len(self.dec_models), width))
+        for k, lm in enumerate(self.dec_models):
+            for b in range(1, width):
+                t0 = lm.decode_step_time(b, 0)
+                base[k, b] = t0
+                slope[k, b] = (lm.decode_step_time(b, _SLOPE_SPAN * b) - t0) / (_SLOPE_SPAN * b)
+        self.dec_base = base[self.dec_class]  # (D, width): step time of a batch of b, no context
+        self.dec_slope = slope[self.dec_class]  # (D, width): seconds per context token
+        self._d_range = np.arange(self.num_decode)
+
+    def prefill_times(self, input_tokens: int) -> tuple[list[float], np.ndarray]:
+        """True prefill seconds of a prompt on every prefill instance (list and array), cached."""
+        hit = self._pf_cache.get(input_tokens)
+        if hit is None:
+            per_class = [lm.prefill_time(input_tokens) for lm in self.pf_models]
+            times = [per_class[k] for k in self.pf_class]
+            hit = (times, np.array(times))
+            self._pf_cache[input_tokens] = hit
+        return hit
+
+    def decode_tau(self, count: np.ndarray, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-token step time (base, per-context-token slope) of each decode instance when one
+        more call joins ``count`` committed calls holding ``ctx`` context tokens."""
+        b = np.minimum(count + 1, self.dec_base.shape[1] - 1)
+        slope = self.dec_slope[self._d_range, b]
+        return self.dec_base[self._d_range, b] + slope * ctx, slope
+
+    def standalone_estimate(self, pf_est: np.ndarray, l_in: int, l_out: float,
+                            dec_err: float) -> float:
+        """A call's duration alone on the empty cluster at its best pair (scheduler-visible)."""
+        ctx = l_in + 0.5 * (l_out - 1.0)
+        dec = l_out * (self.dec_base[:, 1] + self.dec_slope[:, 1] * ctx) * dec_err
+        total = pf_est[:, None] + self.setup + l_in * self.s_per_token + dec[None, :]
+        return float(total.min())
+
+
+def _classes(models: list) -> tuple[list, np.ndarray]:
+    distinct: list = []
+    index = []
+    for m in models:
+        for k, known in enumerate(distinct):
+            if known is m:
+                index.append(k)
+                break
+        else:
+            index.append(len(distinct))
+            distinct.append(m)
+    return distinct, np.array(index, dtype=np.int64)
+
+
+class PlanState:
+    """Ŝ: projected prefill free times and decode reservations, updated pick by pick."""
+
+    def __init__(self, tables: ClusterTables, now: float, free: np.ndarray,
+                 dec_tokens: np.ndarray, dec_count: np.ndarray, dec_ctx: np.ndarray,
+                 decode: list[DecodeInstance], exclude: set[int]) -> None:
+        self.tables = tables
+        self.now = now
+        self.free = free
+        self.dec_tokens = dec_tokens
+        self.dec_count = dec_count
+        self.dec_ctx = dec_ctx
+        self._decode = decode
+        self._exclude = exclude  # uids being planned: not counted as existing reservations
+        self._releases: list[list[tuple[float, float]] | None] = [None] * tables.num_decode
+        self._picked: list[list[tuple[float, float]]] = [[] for _ in range(tables.num_decode)]
+        self._tau = tables.decode_tau(dec_count, dec_ctx)
+
+    # -- projections ---------------------------------------------------------------------------
+    def decode_start(self, d: int, kv: np.ndarray) -> np.ndarray:
+        """Earliest time d can admit calls needing ``kv`` predicted tokens (one per entry)."""
+        t = self.tables
+        kv = np.minimum(kv, t.capacity[d])
+        need = kv - (t.capacity[d] - self.dec_tokens[d])
+        over_batch = int(self.dec_count[d]) - int(t.max_batch[d]) + 1
+        if over_batch <= 0 and need.max() <= 0.0:
+            return np.full(kv.shape, self.now)
+        rel = self._release_list(d)
+        times = np.array([r[0] for r in rel] + [INF])
+        cum = np.cumsum([r[1] for r in rel] + [0.0])
+        idx = np.searchsorted(cum, need, side="left")
+        start = np.where(need <= 0.0, self.now, times[np.minimum(idx, len(rel))])
+        if over_batch > 0:
+            start = np.maximum(start, times[min(over_batch - 1, len(rel))])
+        return np.maximum(start, self.now)
+
+    def project_prefill(self, calls: list[Call]) -> np.ndarray:
+        """Δ (n, P, D) for calls waiting for prefill; inf where d cannot hold the call."""
+        t = self.tables
+        n = len(calls)
+        pf = np.stack([c.pf_est for c in calls]) if n > 1 else calls[0].pf_est[None, :]
+        l_in = np.array([c.l_in for c in calls], dtype=np.float64)
+        l_out = np.array([c.l_out_pred for c in calls], dtype=np.float64)
+        err = np.array([c.dec_err for c in calls])
+        kv_pred = l_in + l_out
+        arrive = (self.free + pf)[:, :, None] + t.setup + l_in[:, None, None] * t.s_per_token
+        start = np.empty((n, t.num_decode))
+        for d in range(t.num_decode):
+            start[:, d] = self.decode_start(d, kv_pred)
+        base, slope = self._tau
+        ctx = l_in + 0.5 * (l_out - 1.0)
+        dec = (l_out * err)[:, None] * (base[None, :] + slope[None, :] * ctx[:, None])
+        delta = np.maximum(arrive, start[:, None, :]) + (dec - self.now)[:, None, :]
+        kv_true = np.array([c.kv_true for c in calls], dtype=np.float64)
+        too_big = kv_true[:, None] > t.capacity[None, :]  # (n, D): d can never hold the call
+        if too_big.any():
+            delta[np.broadcast_to(too_big[:, None, :], delta.shape)] = INF
+        return delta
+
+    def project_decode(self, calls: list[Call]) -> np.ndarray:
+        """Δ (n, P, D) for calls waiting at their locked decode instance; inf elsewhere."""
+        t = self.tables
+        delta = np.full((len(calls), t.num_prefill, t.num_decode), INF)
+        base, slope = self._tau
+        for i, c in enumerate(calls):
+            d = c.decode_inst
+            start = float(self.decode_start(d, np.array([float(c.kv_pred)]))[0])
+            ctx = c.l_in + 0.5 * (c.l_out_pred - 1.0)
+            dec = c.l_out_pred * c.dec_err * (base[d] + slope[d] * ctx)
+            delta[i, c.prefill_inst, d] = start + dec - self.now
+        return delta
+
+    # -- picks ----------------------------------------------------------------------------------
+    def commit(self, call: Call, p: int, d: int, delta: float, prefill_stage: bool) -> None:
+        """Reserve the picked placement in Ŝ so later projections see it."""
+        if prefill_stage:
+            self.free[p] += call.pf_est[p]
+        self.dec_tokens[d] += call.kv_pred
+        self.dec_count[d] += 1
+        self.dec_ctx[d] += call.l_in + 0.5 * call.l_out_pred
+        item = (self.now + delta, float(call.kv_pred))
+        self._picked[d].append(item)
+        rel = self._releases[d]
+        if rel is not None:
+            bisect.insort(rel, item)
+        self._tau = self.tables.decode_tau(self.dec_count, self.dec_ctx)
+
+    def _release_list(self, d: int) -> list[tuple[float, float]]:
+        """Projected (release time, tokens) of every reservation on d, sorted; built lazily."""
+        rel = self._releases[d]
+        if rel is not None:
+            return rel
+        inst = self._decode[d]
+        now = self.now
+        inst.advance(now)
+        rel = []
+        step = inst.step
+        for _, _, c in inst.batch:
+            left = c.v_finish_pred - inst.v
+            rel.append((now + max(left, 1.0) * step, float(c.kv_pred)))
+        for c in inst.inbound.values():
+            if c.uid not in self._exclude:
+                rel.append((max(c.proj_release, now), float(c.kv_pred)))
+        rel.extend(self._picked[d])
+        rel.sort()
+        self._releases[d] = rel
+        return rel
+
+
+def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
+             decode: list[DecodeInstance], planned: list[Call], prefill_stage: bool) -> PlanState:
+    """Build Ŝ at ``now`` for planning ``planned`` (those calls hold no reservation in Ŝ)."""
+    exclude = {c.uid for c in planned}
+    work = [inst.queued_est for inst in prefill]
+    tokens = np.array([float(x.committed_pred) for x in decode])
+    count = np.array([x.committed_count for x in decode], dtype=np.int64)
+    ctx = np.array([x.sched_ctx for x in decode])
+    for c in planned:  # a call being (re-)planned gives up its current place in Ŝ
+        if c.decode_inst >= 0:
+            if prefill_stage:
+                work[c.prefill_inst] -= c.pf_est[c.prefill_inst]
+            d = c.decode_inst
+            tokens[d] -= c.kv_pred
+            count[d] -= 1
+            ctx[d] -= c.l_in + 0.5 * c.l_out_pred
+    free = np.empty(tables.num_prefill)
+    for i, inst in enumerate(prefill):
+        run = inst.running
+        f = now if run is None else max(now, run.prefill_start + run.pf_est[i])
+        free[i] = f + max(work[i], 0.0)
+    return PlanState(tables, now, free, tokens, count, ctx, decode, exclude)
+

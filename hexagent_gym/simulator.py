@@ -1,0 +1,500 @@
+"""The discrete-event simulator of a heterogeneous P-D cluster serving agentic workflows.
+
+Lifecycle of a call (DESIGN §2): hidden → waiting-prefill (revealed) → prefill on its prefill
+instance (non-preemptive, one at a time) → KV transfer to its decode instance (transfers run in
+parallel) → waiting-decode (locked to that instance) → decode with continuous batching → done,
+after which children whose parents are all done are revealed ``tool_latency_s`` later.
+
+Scheduling (DESIGN §3): arrivals and reveals trigger a prefill invocation, transfer completions a
+decode invocation. ``run_until_decision`` advances to the next invocation and returns a
+:class:`~hexagent_gym.decisions.DecisionPoint`; the caller picks every call of it and calls
+``run_until_decision`` again, which applies the plan. With ``decisions=False`` no invocation is
+exposed and every call follows the fallback (FIFO order, earliest projected finish placement).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hexagent_gym.arrivals import EpisodeWorkload
+from hexagent_gym.decisions import DecisionPoint, Stage, earliest_finish_pick
+from hexagent_gym.entities import (
+    PLANNED,
+    UNPLANNED,
+    Call,
+    CallState,
+    DecodeInstance,
+    PrefillInstance,
+    Workflow,
+)
+from hexagent_gym.events import EventQueue, Phase
+from hexagent_gym.horizon import HorizonCache
+from hexagent_gym.metrics import EpisodeResult, WorkflowRecord
+from hexagent_gym.planner import ClusterTables, snapshot
+from hexagent_gym.workload import check_kv_demand
+
+if TYPE_CHECKING:
+    from hexagent_gym.cluster import ClusterSpec
+
+PickFn = Callable[[DecisionPoint], tuple[int, int, int]]
+
+
+class Simulator:
+    """One episode of the cluster serving a sampled workload.
+
+    Args:
+        cluster: the cluster (``hexagent_gym.cluster.load_cluster``).
+        workload: the episode's workflows and arrival times (``arrivals.sample_episode``).
+        estimation_error: level e of the multiplicative error on scheduler-visible prefill and
+            decode times and predicted output lengths; each call draws factors ``1 + e·U(−1, 1)``.
+        rng: the episode's generator; used only to draw the estimation-error factors.
+        decisions: expose decision points (False: fallback only, the fastest mode).
+        planning_latency: seconds between an invocation and its plan landing (0 = synchronous),
+            or ``"measured"`` to use the invocation's wall time (not deterministic).
+        max_calls_per_decision: window size K (None = every waiting call). The window holds the
+            K oldest waiting calls of the stage; the rest keep their placement and wait FIFO
+            behind planned calls until they enter a window.
+        horizons: cache of standalone horizons H_w to share across episodes on this cluster.
+        tables: precomputed cluster tables to share across episodes.
+        compute_horizons: compute H_w for each workflow (the standalone runs themselves don't).
+    """
+
+    def __init__(self, cluster: ClusterSpec, workload: EpisodeWorkload, *,
+                 estimation_error: float = 0.0, rng: np.random.Generator | None = None,
+                 decisions: bool = True, planning_latency: float | str = 0.0,
+                 max_calls_per_decision: int | None = None, horizons: HorizonCache | None = None,
+                 tables: ClusterTables | None = None, compute_horizons: bool = True) -> None:
+        if not 0.0 <= estimation_error < 1.0:
+            raise ValueError(f"estimation_error must be in [0, 1), got {estimation_error}")
+        if planning_latency != "measured" and not (
+                isinstance(planning_latency, int | float) and planning_latency >= 0.0):
+            raise ValueError("planning_latency must be seconds >= 0 or 'measured', got "
+                             f"{planning_latency!r}")
+        if max_calls_per_decision is not None and max_calls_per_decision < 1:
+            raise ValueError(f"max_calls_per_decision must be >= 1 or None, got "
+                             f"{max_calls_per_decision}")
+        self.cluster = cluster
+        self.tables = tables if tables is not None else ClusterTables(cluster)
+        if compute_horizons:
+            self.horizons = horizons if horizons is not None else HorizonCache(cluster, self.tables)
+        else:
+            self.horizons = None
+        self.workload = workload
+        check_kv_demand(workload.workflows, cluster.max_decode_kv_tokens,
+                        f"cluster '{cluster.name}'")
+        self._decide = decisions
+        self._latency = planning_latency
+        self._window = max_calls_per_decision
+        self._eager_fallback = (not decisions) or planning_latency != 0.0
+        self.prefill = [PrefillInstance(i, s.gpu, s.latency) for i, s in enumerate(cluster.prefill)]
+        self.decode = [DecodeInstance(i, s.gpu, s.latency, s.kv_capacity_tokens, s.max_batch_size)
+                       for i, s in enumerate(cluster.decode)]
+        self.now = 0.0
+        self.events = EventQueue()
+        self.workflows: list[Workflow] = []
+        self.num_calls = 0
+        self.invocations = 0
+        self.decisions_made = 0
+        self.scheduler_seconds = 0.0
+        self._wall = 0.0
+        self._reveal_seq = itertools.count()
+        self._fifo_seq = itertools.count()
+        self._waiting_prefill: dict[int, Call] = {}
+        self._waiting_decode: dict[int, Call] = {}
+        self._dirty_prefill: set[int] = set()
+        self._dirty_decode: set[int] = set()
+        self._dispatch_pushed = False
+        self._schedule_pushed = [False, False]
+        self._inflight = [False, False]
+        self._replan = [False, False]
+        self._pending: DecisionPoint | None = None
+        self._done_workflows = 0
+        self._draw_errors(estimation_error, rng)
+        self._next_arrival = 0
+        self._push_next_arrival()
+        self._handlers = {
+            Phase.DECODE_DONE: self._on_decode_done,
+            Phase.PREFILL_DONE: self._on_prefill_done,
+            Phase.TRANSFER_DONE: self._on_transfer_done,
+            Phase.REVEAL: self._reveal,
+            Phase.ARRIVAL: self._on_arrival,
+            Phase.PLAN_LANDS: self._on_plan_lands,
+            Phase.DISPATCH: self._dispatch,
+        }
+
+    # -- public API -------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """True when every workflow of the episode has finished."""
+        return self._done_workflows == len(self.workload.workflows)
+
+    def run_until_decision(self) -> DecisionPoint | None:
+        """Advance to the next decision point; None when the episode has drained.
+
+        Raises:
+            RuntimeError: the previous decision point still has unpicked calls.
+        """
+        t0 = time.perf_counter()
+        dp = self._pending
+        if dp is not None:
+            if not dp.done:
+                raise RuntimeError(f"the current decision point still has {len(dp.remaining)} "
+                                   "unpicked calls; pick them all before advancing")
+            self._pending = None
+            self._close_decision(dp)
+        events = self.events
+        handlers = self._handlers
+        while len(events):
+            t, phase, _, payload = events.pop()
+            assert t >= self.now, "the clock went back"
+            self.now = t
+            if phase == Phase.SCHEDULE:
+                dp = self._open_decision(payload)
+                if dp is not None:
+                    self._pending = dp
+                    self._wall += time.perf_counter() - t0
+                    return dp
+            else:
+                handlers[phase](payload)
+        self._wall += time.perf_counter() - t0
+        assert self.done, "event queue drained with unfinished workflows"
+        return None
+
+    def run(self, pick: PickFn | None = None, policy_name: str = "") -> EpisodeResult:
+        """Run the episode to the end; ``pick`` answers each decision (default: the fallback)."""
+        pick = pick or earliest_finish_pick
+        dp = self.run_until_decision()
+        while dp is not None:
+            while not dp.done:
+                dp.pick(*pick(dp))
+            dp = self.run_until_decision()
+        return self.result(policy_name or ("fallback" if pick is earliest_finish_pick else ""))
+
+    def result(self, policy_name: str = "") -> EpisodeResult:
+        """Metrics of the finished episode."""
+        if not self.done:
+            raise RuntimeError("the episode has not finished; run it to the end first")
+        records = [WorkflowRecord(w.spec.workflow_id, w.trace_index, w.arrival, w.finish_t,
+                                  w.horizon, len(w.calls)) for w in self.workflows]
+        if self.horizons is not None:
+            ratios = np.array([(r.finish - r.arrival) / r.horizon for r in records])
+        else:
+            ratios = np.ones(len(records))
+        last = max((w.finish_t for w in self.workflows), default=0.0)
+        return EpisodeResult(ratios, records, self.num_calls, self.invocations,
+                             self.decisions_made, self.scheduler_seconds, last, self._wall,
+                             policy_name)
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def _draw_errors(self, level: float, rng: np.random.Generator | None) -> None:
+        total = sum(len(w.calls) for w in self.workload.workflows)
+        self._call_offset = np.concatenate(
+            [[0], np.cumsum([len(w.calls) for w in self.workload.workflows])]).astype(int)
+        if level == 0.0:
+            self._err = None
+            return
+        if rng is None:
+            raise ValueError("estimation_error > 0 needs the episode's rng")
+        self._err = (1.0 + level * rng.uniform(-1.0, 1.0, size=(total, 3))).tolist()
+
+    def _push_next_arrival(self) -> None:
+        i = self._next_arrival
+        if i < len(self.workload.workflows):
+            self.events.push(float(self.workload.arrivals[i]), Phase.ARRIVAL, i)
+            self._next_arrival = i + 1
+
+    # -- event handlers -------------------------------------------------------------------------
+    def _on_arrival(self, i: int) -> None:
+        spec = self.workload.workflows[i]
+        wf = Workflow(i, spec, self.now, int(self.workload.trace_indices[i]))
+        if self.horizons is not None:
+            wf.horizon = self.horizons.get(spec)
+        self.workflows.append(wf)
+        base = int(self._call_offset[i])
+        err = self._err
+        for k, cs in enumerate(spec.calls):
+            if err is None:
+                c = Call(base + k, wf, k, cs, cs.output_tokens, 1.0, 1.0)
+            else:
+                pf_e, dec_e, out_e = err[base + k]
+                c = Call(base + k, wf, k, cs, max(1, round(cs.output_tokens * out_e)), pf_e, dec_e)
+            wf.calls[k] = c
+        self.num_calls += len(spec.calls)
+        self._push_next_arrival()
+        for c in wf.calls:
+            if not c.spec.parents:
+                self._reveal(c)
+
+    def _reveal(self, call: Call) -> None:
+        call.state = CallState.WAITING_PREFILL
+        call.reveal_t = self.now
+        call.reveal_seq = seq = next(self._reveal_seq)
+        call.queue_key = (UNPLANNED, seq)
+        times, arr = self.tables.prefill_times(call.l_in)
+        call.pf_true = times
+        call.pf_est = arr if call.pf_err == 1.0 else arr * call.pf_err
+        self._waiting_prefill[call.uid] = call
+        wf = call.workflow
+        wf.open_calls.append(call)
+        if self._decide:
+            est = self.tables.standalone_estimate(call.pf_est, call.l_in, call.l_out_pred,
+                                                  call.dec_err)
+            call.est_duration = est
+            start = 0.0
+            for pi in call.spec.parents:
+                parent_ef = wf.calls[pi].ef
+                if parent_ef > start:
+                    start = parent_ef
+            call.ef_start = start + call.spec.tool_latency_s if call.spec.parents else 0.0
+            call.ef = call.ef_start + est
+            wf.refresh_h_est()
+            self._trigger(Stage.PREFILL)
+        if self._eager_fallback:
+            self._place_fallback(call)
+
+    def _on_prefill_done(self, p: int) -> None:
+        inst = self.prefill[p]
+        call = inst.running
+        inst.running = None
+        call.prefill_end = self.now
+        call.state = CallState.TRANSFER
+        d = call.decode_inst
+        xfer = self.tables.setup_list[p][d] + call.l_in * self.tables.spt_list[p][d]
+        call.transfer_end = self.now + xfer
+        self.events.push(call.transfer_end, Phase.TRANSFER_DONE, call)
+        self._mark_prefill(p)
+
+    def _on_transfer_done(self, call: Call) -> None:
+        call.state = CallState.WAITING_DECODE
+        call.queue_key = (UNPLANNED, next(self._fifo_seq))
+        self.decode[call.decode_inst].waiting.append(call)
+        self._waiting_decode[call.uid] = call
+        if self._decide:
+            self._trigger(Stage.DECODE)
+        self._mark_decode(call.decode_inst)
+
+    def _on_decode_done(self, payload: tuple[int, int]) -> None:
+        d, version = payload
+        inst = self.decode[d]
+        if version != inst.version:
+            return  # the batch changed after this event was scheduled
+        inst.t_v = self.now
+        finished = [inst.finish_head()]
+        batch = inst.batch
+        while batch and batch[0][0] <= inst.v:
+            finished.append(inst.finish_head())
+        delay = inst.rerate()
+        if delay != float("inf"):
+            self.events.push(self.now + delay, Phase.DECODE_DONE, (d, inst.version))
+        self._mark_decode(d)
+        for call in finished:
+            self._complete(call, inst)
+
+    def _complete(self, call: Call, inst: DecodeInstance) -> None:
+        now = self.now
+        call.state = CallState.DONE
+        call.finish_t = now
+        inst.committed_pred -= call.kv_pred
+        inst.committed_count -= 1
+        inst.sched_ctx -= call.l_in + 0.5 * call.l_out_pred
+        wf = call.workflow
+        wf.open_calls.remove(call)
+        parent_service = 0.0
+        for pi in call.spec.parents:
+            s = wf.calls[pi].service
+            if s > parent_service:
+                parent_service = s
+        call.service = parent_service + (call.prefill_end - call.prefill_start) + (
+            now - call.decode_start)
+        if call.service > wf.service:
+            wf.service = call.service
+        if self._decide:
+            true_alone = self.tables.standalone_estimate(
+                self.tables.prefill_times(call.l_in)[1], call.l_in, call.l_out, 1.0)
+            call.ef = call.ef_start + true_alone
+            if call.ef > wf.h_est_done:
+                wf.h_est_done = call.ef
+            wf.refresh_h_est()
+        wf.num_done += 1
+        calls = wf.calls
+        for ci in call.spec.children:
+            child = calls[ci]
+            child.pending_parents -= 1
+            if child.pending_parents == 0:
+                self.events.push(now + child.spec.tool_latency_s, Phase.REVEAL, child)
+        if wf.num_done == len(calls):
+            wf.finish_t = now
+            self._done_workflows += 1
+
+    def _dispatch(self, _payload: object = None) -> None:
+        self._dispatch_pushed = False
+        if self._dirty_prefill:
+            for p in sorted(self._dirty_prefill):
+                inst = self.prefill[p]
+                if inst.running is None and inst.queue:
+                    self._start_prefill(inst, inst.pop_next())
+            self._dirty_prefill.clear()
+        if self._dirty_decode:
+            for d in sorted(self._dirty_decode):
+                self._admit(self.decode[d])
+            self._dirty_decode.clear()
+
+    def _start_prefill(self, inst: PrefillInstance, call: Call) -> None:
+        p = inst.index
+        del self._waiting_prefill[call.uid]
+        call.state = CallState.PREFILL
+        call.prefill_start = self.now
+        inst.queued_est = inst.queued_est - call.pf_est[p] if inst.queue else 0.0
+        inst.running = call
+        self.events.push(self.now + call.pf_true[p], Phase.PREFILL_DONE, p)
+
+    def _admit(self, inst: DecodeInstance) -> None:
+        waiting = inst.waiting
+        admitted = False
+        while waiting and len(inst.batch) < inst.max_batch:
+            best = 0
+            best_key = waiting[0].queue_key
+            for i in range(1, len(waiting)):
+                k = waiting[i].queue_key
+                if k < best_key:
+                    best, best_key = i, k
+            call = waiting[best]
+            if inst.used_kv + call.kv_true > inst.capacity:
+                break  # strict queue order: no smaller call overtakes the head
+            waiting.pop(best)
+            del self._waiting_decode[call.uid]
+            del inst.inbound[call.uid]
+            call.state = CallState.DECODE
+            call.decode_start = self.now
+            inst.admit(call, self.now)
+            admitted = True
+        if admitted:
+            delay = inst.rerate()
+            self.events.push(self.now + delay, Phase.DECODE_DONE, (inst.index, inst.version))
+
+    # -- scheduling -----------------------------------------------------------------------------
+    def _trigger(self, stage: Stage) -> None:
+        if self._inflight[stage]:
+            self._replan[stage] = True
+        elif not self._schedule_pushed[stage]:
+            self._schedule_pushed[stage] = True
+            self.events.push(self.now, Phase.SCHEDULE, stage)
+
+    def _open_decision(self, stage: Stage) -> DecisionPoint | None:
+        self._schedule_pushed[stage] = False
+        waiting = self._waiting_prefill if stage == Stage.PREFILL else self._waiting_decode
+        if not waiting:
+            return None
+        wall = time.perf_counter()
+        k = self._window
+        calls = list(waiting.values()) if k is None else list(itertools.islice(
+            waiting.values(), k))
+        state = snapshot(self.tables, self.now, self.prefill, self.decode, calls,
+                         stage == Stage.PREFILL)
+        self.invocations += 1
+        return DecisionPoint(stage, self.now, calls, state, wall)
+
+    def _close_decision(self, dp: DecisionPoint) -> None:
+        spent = time.perf_counter() - dp.wall_start
+        self.scheduler_seconds += spent
+        self.decisions_made += len(dp.plan)
+        latency = spent if self._latency == "measured" else float(self._latency)
+        if latency <= 0.0:
+            self._apply(dp.stage, dp.plan, dp.now)
+        else:
+            self._inflight[dp.stage] = True
+            self.events.push(self.now + latency, Phase.PLAN_LANDS, (dp.stage, dp.plan, dp.now))
+
+    def _on_plan_lands(self, payload: tuple[Stage, list, float]) -> None:
+        stage, plan, origin = payload
+        self._inflight[stage] = False
+        self._apply(stage, plan, origin)
+        if self._replan[stage]:
+            self._replan[stage] = False
+            self._trigger(stage)
+
+    def _apply(self, stage: Stage, plan: list[tuple[Call, int, int, float]],
+               origin: float) -> None:
+        """Apply a plan made at ``origin`` to the calls that still wait at that stage (a late
+        plan skips calls that started meanwhile)."""
+        planned = set()
+        if stage == Stage.PREFILL:
+            for rank, (call, p, d, delta) in enumerate(plan):
+                if call.state != CallState.WAITING_PREFILL:
+                    continue
+                planned.add(call.uid)
+                if (call.prefill_inst, call.decode_inst) != (p, d):
+                    self._unplace(call)
+                    self._enqueue_prefill(call, p, d)
+                call.proj_release = origin + delta
+                call.queue_key = (PLANNED, rank)
+            for call in self._waiting_prefill.values():
+                if call.uid not in planned:
+                    call.queue_key = (UNPLANNED, call.reveal_seq)
+                    if call.prefill_inst < 0:
+                        self._place_fallback(call)
+        else:
+            for rank, (call, _, d, delta) in enumerate(plan):
+                if call.state == CallState.WAITING_DECODE:
+                    planned.add(call.uid)
+                    call.proj_release = origin + delta
+                    call.queue_key = (PLANNED, rank)
+                    self._mark_decode(d)
+            for call in self._waiting_decode.values():
+                if call.uid not in planned and call.queue_key[0] == PLANNED:
+                    call.queue_key = (UNPLANNED, next(self._fifo_seq))
+
+    def _place_fallback(self, call: Call) -> None:
+        """FIFO placement at the earliest projected finish (the core's fallback)."""
+        state = snapshot(self.tables, self.now, self.prefill, self.decode, [call], True)
+        row = state.project_prefill([call])[0]
+        flat = int(np.argmin(row))
+        p, d = divmod(flat, row.shape[1])
+        call.proj_release = self.now + float(row.flat[flat])
+        self._enqueue_prefill(call, p, d)
+
+    def _enqueue_prefill(self, call: Call, p: int, d: int) -> None:
+        """Place a waiting call: join p's queue and commit its predicted KV to d."""
+        call.prefill_inst = p
+        call.decode_inst = d
+        inst = self.prefill[p]
+        inst.queue.append(call)
+        inst.queued_est += call.pf_est[p]
+        dec = self.decode[d]
+        dec.committed_pred += call.kv_pred
+        dec.committed_count += 1
+        dec.sched_ctx += call.l_in + 0.5 * call.l_out_pred
+        dec.inbound[call.uid] = call
+        self._mark_prefill(p)
+
+    def _unplace(self, call: Call) -> None:
+        """Undo ``_enqueue_prefill`` for a still-waiting call that a plan moves."""
+        p, d = call.prefill_inst, call.decode_inst
+        if p < 0:
+            return
+        src = self.prefill[p]
+        src.queue.remove(call)
+        src.queued_est = src.queued_est - call.pf_est[p] if src.queue else 0.0
+        dec = self.decode[d]
+        dec.committed_pred -= call.kv_pred
+        dec.committed_count -= 1
+        dec.sched_ctx -= call.l_in + 0.5 * call.l_out_pred
+        del dec.inbound[call.uid]
+        call.prefill_inst = call.decode_inst = -1
+
+    def _mark_prefill(self, p: int) -> None:
+        self._dirty_prefill.add(p)
+        if not self._dispatch_pushed:
+            self._dispatch_pushed = True
+            self.events.push(self.now, Phase.DISPATCH, None)
+
+    def _mark_decode(self, d: int) -> None:
+        self._dirty_decode.add(d)
+        if not self._dispatch_pushed:
+            self._dispatch_pushed = True
+            self.events.push(self.now, Phase.DISPATCH, None)

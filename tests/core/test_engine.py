@@ -1,0 +1,132 @@
+"""Hand-computed lifecycle cases for the simulator core (toy linear latency models)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hexagent_gym.arrivals import EpisodeWorkload
+from hexagent_gym.entities import CallState
+from hexagent_gym.simulator import Simulator
+from hexagent_gym.workload import make_workflow
+from tests.toy import ToyLatency, toy_cluster
+
+LM = ToyLatency()
+SETUP, SPT = 0.001, 1e-6
+
+
+def episode(*workflows, arrivals=None):
+    arrivals = np.zeros(len(workflows)) if arrivals is None else np.asarray(arrivals, float)
+    return EpisodeWorkload(tuple(workflows), arrivals, np.arange(len(workflows)))
+
+
+def lone_decode(l_in, l_out, lm=LM, batch=1):
+    """Decode seconds of a call alone: L_out steps at the mean context of its lifetime."""
+    return l_out * lm.decode_step_time(batch, l_in + (l_out - 1) / 2)
+
+
+def test_one_call_completion_is_prefill_plus_transfer_plus_decode():
+    wf = make_workflow([(1000, 100, 0.0, [])])
+    sim = Simulator(toy_cluster(), episode(wf))
+    res = sim.run()
+    expected = LM.prefill_time(1000) + (SETUP + 1000 * SPT) + lone_decode(1000, 100)
+    call = sim.workflows[0].calls[0]
+    assert call.prefill_end == pytest.approx(LM.prefill_time(1000), abs=1e-12)
+    assert call.transfer_end - call.prefill_end == pytest.approx(SETUP + 1000 * SPT, abs=1e-12)
+    assert sim.workflows[0].finish_t == pytest.approx(expected, abs=1e-12)
+    assert res.ratios[0] == pytest.approx(1.0, abs=1e-12)
+    assert res.num_calls == 1
+
+
+def test_two_calls_share_the_decode_batch_rate_changes_only_at_batch_changes():
+    a = make_workflow([(1000, 100, 0.0, [])], "a")
+    b = make_workflow([(1000, 100, 0.0, [])], "b")
+    sim = Simulator(toy_cluster(), episode(a, b))
+    sim.run()
+    pf = LM.prefill_time(1000)
+    x = SETUP + 1000 * SPT
+    t_a, t_b = pf + x, 2 * pf + x  # prefill is single-server: b waits for a
+    s1 = LM.decode_step_time(1, 1000 + 99 / 2)
+    g = (t_b - t_a) / s1  # tokens a generated alone
+    s2 = LM.decode_step_time(2, 2099 + g / 2)  # mean batch context over the remaining steps
+    fin_a = t_b + (100 - g) * s2
+    s3 = LM.decode_step_time(1, 1099.5 - g / 2)
+    fin_b = fin_a + g * s3
+    ca, cb = sim.workflows[0].calls[0], sim.workflows[1].calls[0]
+    assert ca.decode_start == pytest.approx(t_a, abs=1e-12)
+    assert cb.decode_start == pytest.approx(t_b, abs=1e-12)
+    assert ca.finish_t == pytest.approx(fin_a, rel=1e-12)
+    assert cb.finish_t == pytest.approx(fin_b, rel=1e-12)
+
+
+def test_kv_capacity_admission_waits_for_release():
+    a = make_workflow([(1000, 100, 0.0, [])], "a")
+    b = make_workflow([(1000, 100, 0.0, [])], "b")
+    sim = Simulator(toy_cluster(capacity=1500), episode(a, b))
+    sim.run()
+    ca, cb = sim.workflows[0].calls[0], sim.workflows[1].calls[0]
+    assert cb.transfer_end < ca.finish_t  # b was ready before a finished ...
+    assert cb.decode_start == ca.finish_t  # ... but only fits once a releases its KV
+    assert cb.finish_t == pytest.approx(ca.finish_t + lone_decode(1000, 100), rel=1e-12)
+
+
+def test_max_batch_size_limits_the_batch():
+    a = make_workflow([(1000, 100, 0.0, [])], "a")
+    b = make_workflow([(1000, 100, 0.0, [])], "b")
+    sim = Simulator(toy_cluster(max_batch=1), episode(a, b))
+    sim.run()
+    ca, cb = sim.workflows[0].calls[0], sim.workflows[1].calls[0]
+    assert cb.decode_start == ca.finish_t
+
+
+def test_child_revealed_after_last_parent_plus_tool_latency():
+    # diamond: 0 -> {1, 2} -> 3 with tool latencies on each edge target
+    wf = make_workflow([(500, 20, 0.0, []), (400, 30, 0.5, [0]), (300, 5, 0.25, [0]),
+                        (200, 10, 0.75, [1, 2])])
+    sim = Simulator(toy_cluster(prefill=(LM, LM), decode=(LM, LM)), episode(wf))
+    sim.run()
+    c = sim.workflows[0].calls
+    assert c[1].reveal_t == pytest.approx(c[0].finish_t + 0.5, abs=1e-12)
+    assert c[2].reveal_t == pytest.approx(c[0].finish_t + 0.25, abs=1e-12)
+    last_parent = max(c[1].finish_t, c[2].finish_t)
+    assert c[3].reveal_t == pytest.approx(last_parent + 0.75, abs=1e-12)
+    # an idle cluster starts a revealed call at once
+    assert c[3].prefill_start == c[3].reveal_t
+    assert all(x.state == CallState.DONE for x in c)
+
+
+def test_fallback_places_on_the_faster_pair():
+    slow, fast = ToyLatency(b=4e-4), ToyLatency(b=1e-4, c=0.005)
+    wf = make_workflow([(2000, 50, 0.0, [])])
+    sim = Simulator(toy_cluster(prefill=(slow, fast), decode=(slow, fast)), episode(wf))
+    sim.run()
+    call = sim.workflows[0].calls[0]
+    assert (call.prefill_inst, call.decode_inst) == (1, 1)
+
+
+def test_decode_placement_avoids_an_instance_that_cannot_hold_the_call():
+    fast, slow = ToyLatency(c=0.001), ToyLatency(c=0.05)
+    wf = make_workflow([(3000, 100, 0.0, [])])
+    sim = Simulator(toy_cluster(decode=(fast, slow), capacity=(2000, 10_000)), episode(wf))
+    sim.run()
+    assert sim.workflows[0].calls[0].decode_inst == 1
+
+
+def test_kv_demand_above_every_decode_capacity_is_an_error():
+    from hexagent_gym.workload import TraceError
+
+    wf = make_workflow([(3000, 100, 0.0, [])])
+    with pytest.raises(TraceError, match="KV capacity of 2000"):
+        Simulator(toy_cluster(capacity=2000), episode(wf))
+
+
+def test_invalid_options_are_rejected():
+    wf = make_workflow([(10, 1, 0.0, [])])
+    with pytest.raises(ValueError, match="estimation_error"):
+        Simulator(toy_cluster(), episode(wf), estimation_error=1.5)
+    with pytest.raises(ValueError, match="planning_latency"):
+        Simulator(toy_cluster(), episode(wf), planning_latency=-1)
+    with pytest.raises(ValueError, match="max_calls_per_decision"):
+        Simulator(toy_cluster(), episode(wf), max_calls_per_decision=0)
+    with pytest.raises(ValueError, match="rng"):
+        Simulator(toy_cluster(), episode(wf), estimation_error=0.1)

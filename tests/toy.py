@@ -1,0 +1,51 @@
+"""Tiny hand-computable clusters for core tests (linear latency models, no YAML)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ToyLatency:
+    """prefill = a + b·n; decode step = c + e·batch + f·context (seconds)."""
+
+    a: float = 0.01
+    b: float = 1e-4
+    c: float = 0.02
+    e: float = 1e-3
+    f: float = 1e-6
+    kv_bytes_per_token: int = 1000
+
+    def prefill_time(self, n: int) -> float:
+        return self.a + self.b * n
+
+    def decode_step_time(self, batch: int, ctx: float) -> float:
+        return self.c + self.e * batch + self.f * ctx
+
+    def kv_bytes(self, tokens: int) -> int:
+        return tokens * self.kv_bytes_per_token
+
+
+def toy_cluster(prefill=(ToyLatency(),), decode=(ToyLatency(),), capacity=100_000,
+                max_batch=64, setup=0.001, s_per_token=1e-6, name="toy"):
+    """A duck-typed ClusterSpec: one instance per latency model given."""
+    pre = tuple(SimpleNamespace(role="prefill", index=i, gpu=f"g{i}", tp=1, latency=lm,
+                                kv_capacity_tokens=0, max_batch_size=1)
+                for i, lm in enumerate(prefill))
+    caps = capacity if isinstance(capacity, tuple) else (capacity,) * len(decode)
+    dec = tuple(SimpleNamespace(role="decode", index=i, gpu=f"g{i}", tp=1, latency=lm,
+                                kv_capacity_tokens=caps[i], max_batch_size=max_batch)
+                for i, lm in enumerate(decode))
+    P, D = len(pre), len(dec)
+    setup_m = np.full((P, D), setup)
+    spt_m = np.full((P, D), s_per_token)
+
+    def transfer_time(p, d, tokens):
+        return setup_m[p, d] + tokens * spt_m[p, d]
+
+    return SimpleNamespace(name=name, prefill=pre, decode=dec, transfer_setup_s=setup_m,
+                           transfer_s_per_token=spt_m, transfer_time=transfer_time,
+                           max_decode_kv_tokens=max(caps), source="<toy>")
