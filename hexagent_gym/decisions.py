@@ -139,11 +139,12 @@ class DecisionPoint:
 
 
 def earliest_finish_pick(dp: DecisionPoint) -> tuple[int, int, int]:
-    """The core's fallback: the oldest unpicked call (FIFO) at its earliest projected finish.
-
-    Ties between pairs go to the lowest prefill index, then the lowest decode index.
-    """
+    """The core's fallback as a policy: the oldest unpicked call (FIFO) at its earliest
+    projected finish (ties: lowest decode index, then earliest KV arrival, then lowest prefill
+    index). It places exactly as the simulator's fallback does without decision points."""
     slot = dp.picked.index(False)
-    row = dp.delta_row(slot)
-    p, d = np.unravel_index(int(np.argmin(row)), row.shape)
-    return slot, int(p), int(d)
+    call = dp.calls[slot]
+    if dp.stage == Stage.DECODE:
+        return slot, call.prefill_inst, call.decode_inst
+    p, d, _ = dp.state.earliest_pair(call)
+    return slot, p, d

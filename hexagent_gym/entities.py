@@ -37,7 +37,7 @@ class Call:
 
     __slots__ = (
         "uid", "workflow", "index", "spec", "l_in", "l_out", "l_out_pred", "kv_true", "kv_pred",
-        "pf_err", "dec_err", "state", "reveal_t", "reveal_seq", "pf_true", "pf_est",
+        "pf_err", "dec_err", "state", "reveal_t", "reveal_seq", "pf_true", "pf_est", "pf_cls",
         "prefill_inst", "decode_inst", "queue_key", "pending_parents", "prefill_start",
         "prefill_end", "transfer_end", "decode_start", "finish_t", "v_admit", "v_finish",
         "v_finish_pred", "ef_start", "ef", "est_duration", "service", "proj_release",
@@ -59,8 +59,9 @@ class Call:
         self.state = CallState.HIDDEN
         self.reveal_t = -1.0
         self.reveal_seq = -1
-        self.pf_true = None  # list: true prefill seconds per prefill instance
-        self.pf_est = None  # numpy row: scheduler-visible prefill seconds per prefill instance
+        self.pf_true: list[float] = []  # true prefill seconds per prefill instance
+        self.pf_est: list[float] = []  # scheduler-visible prefill seconds per prefill instance
+        self.pf_cls: list[float] = []  # the same per prefill class (ClusterTables.pf_models)
         self.prefill_inst = -1
         self.decode_inst = -1
         self.queue_key: tuple[int, int] = (UNPLANNED, 0)

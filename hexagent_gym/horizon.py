@@ -47,6 +47,54 @@ class HorizonCache:
 def standalone_time(cluster: ClusterSpec, spec: WorkflowSpec,
                     tables: ClusterTables | None = None) -> float:
     """Completion time of ``spec`` arriving at t = 0 on the empty cluster, served alone."""
+    from hexagent_gym.planner import ClusterTables
+
+    tables = tables if tables is not None else ClusterTables(cluster)
+    if _is_chain(spec):
+        return _chain_time(tables, spec)
+    return _simulated_time(cluster, spec, tables)
+
+
+def _is_chain(spec: WorkflowSpec) -> bool:
+    calls = spec.calls
+    return all(c.parents == ((i - 1,) if i else ()) for i, c in enumerate(calls))
+
+
+def _chain_time(tables: ClusterTables, spec: WorkflowSpec) -> float:
+    """A chain runs one call at a time on an idle cluster, so the simulation reduces to a sum.
+
+    This replays the simulator's own arithmetic step by step (same placement function, same
+    additions on the absolute clock, the decode clock of an idle instance starting at 0), so it
+    returns bit-for-bit what the event loop would; ``tests/core/test_horizon.py`` checks it.
+    """
+    from hexagent_gym.entities import Call
+    from hexagent_gym.planner import earliest_pair
+
+    P, D = tables.num_prefill, tables.num_decode
+    zeros_f, zeros_i = [0.0] * D, [0] * D
+    now = 0.0
+    for i, cs in enumerate(spec.calls):
+        if i:
+            now = now + cs.tool_latency_s
+        call = Call(i, None, i, cs, cs.output_tokens, 1.0, 1.0)
+        call.pf_true, call.pf_cls = tables.prefill_times(cs.input_tokens)
+        call.pf_est = call.pf_true
+        p, d, _ = earliest_pair(tables, now, [now] * P, zeros_f, zeros_i, zeros_f, call,
+                                _never_binds)
+        now = now + call.pf_true[p]
+        now = now + (tables.setup_list[p][d] + cs.input_tokens * tables.spt_list[p][d])
+        v_finish = 0.0 + cs.output_tokens
+        ctx = (0.0 + (cs.input_tokens + 0.5 * v_finish - 0.0)) + 1 * (0.0 - 1.0) * 0.5
+        step = tables.cluster.decode[d].latency.decode_step_time(1, ctx)
+        now = now + (v_finish - 0.0) * step
+    return now
+
+
+def _never_binds(d: int, need: float, over: int) -> float:
+    raise AssertionError("an empty cluster cannot bind a decode limit for a call that fits")
+
+
+def _simulated_time(cluster: ClusterSpec, spec: WorkflowSpec, tables: ClusterTables) -> float:
     from hexagent_gym.arrivals import EpisodeWorkload
     from hexagent_gym.simulator import Simulator
 

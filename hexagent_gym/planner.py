@@ -19,6 +19,7 @@ conservative step function, so the earliest start is one search in the sorted re
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -47,7 +48,13 @@ class ClusterTables:
         # Distinct latency models ("classes") so per-call work is per class, not per instance.
         self.pf_models, self.pf_class = _classes([p.latency for p in cluster.prefill])
         self.dec_models, self.dec_class = _classes([d.latency for d in cluster.decode])
-        self._pf_cache: dict[int, tuple[list[float], np.ndarray]] = {}
+        self._pf_cache: dict[int, tuple[list[float], list[float]]] = {}
+        # prefill instances of one class share speed and network rows: the placement rule only
+        # needs the least-loaded member of each class
+        self.pf_members = [[p for p, k in enumerate(self.pf_class.tolist()) if k == c]
+                           for c in range(len(self.pf_models))]
+        self.pf_rep = [m[0] for m in self.pf_members]
+        self._xcol_cache: dict[int, list[list[float]]] = {}
         width = int(self.max_batch.max()) + 2
         base = np.zeros((len(self.dec_models), width))
         slope = np.zeros((len(self.dec_models), width))
@@ -58,16 +65,29 @@ class ClusterTables:
                 slope[k, b] = (lm.decode_step_time(b, _SLOPE_SPAN * b) - t0) / (_SLOPE_SPAN * b)
         self.dec_base = base[self.dec_class]  # (D, width): step time of a batch of b, no context
         self.dec_slope = slope[self.dec_class]  # (D, width): seconds per context token
+        self.dec_base_list = self.dec_base.tolist()
+        self.dec_slope_list = self.dec_slope.tolist()
+        self.batch_top = width - 1  # decode tables are clamped at this batch size
+        self.dec_static = list(zip(self.capacity.tolist(), self.max_batch.tolist(),
+                                   self.dec_base_list, self.dec_slope_list, strict=True))
         self._d_range = np.arange(self.num_decode)
 
-    def prefill_times(self, input_tokens: int) -> tuple[list[float], np.ndarray]:
-        """True prefill seconds of a prompt on every prefill instance (list and array), cached."""
+    def prefill_times(self, input_tokens: int) -> tuple[list[float], list[float]]:
+        """True prefill seconds of a prompt per prefill instance and per prefill class, cached."""
         hit = self._pf_cache.get(input_tokens)
         if hit is None:
             per_class = [lm.prefill_time(input_tokens) for lm in self.pf_models]
-            times = [per_class[k] for k in self.pf_class]
-            hit = (times, np.array(times))
+            hit = ([per_class[k] for k in self.pf_class.tolist()], per_class)
             self._pf_cache[input_tokens] = hit
+        return hit
+
+    def transfer_cols(self, input_tokens: int) -> list[list[float]]:
+        """KV-transfer seconds per (decode instance, prefill class) of a prompt, cached."""
+        hit = self._xcol_cache.get(input_tokens)
+        if hit is None:
+            hit = [[self.setup_list[p][d] + input_tokens * self.spt_list[p][d]
+                    for p in self.pf_rep] for d in range(self.num_decode)]
+            self._xcol_cache[input_tokens] = hit
         return hit
 
     def decode_tau(self, count: np.ndarray, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -77,12 +97,12 @@ class ClusterTables:
         slope = self.dec_slope[self._d_range, b]
         return self.dec_base[self._d_range, b] + slope * ctx, slope
 
-    def standalone_estimate(self, pf_est: np.ndarray, l_in: int, l_out: float,
+    def standalone_estimate(self, pf_est: list[float], l_in: int, l_out: float,
                             dec_err: float) -> float:
         """A call's duration alone on the empty cluster at its best pair (scheduler-visible)."""
         ctx = l_in + 0.5 * (l_out - 1.0)
         dec = l_out * (self.dec_base[:, 1] + self.dec_slope[:, 1] * ctx) * dec_err
-        total = pf_est[:, None] + self.setup + l_in * self.s_per_token + dec[None, :]
+        total = np.asarray(pf_est)[:, None] + self.setup + l_in * self.s_per_token + dec[None, :]
         return float(total.min())
 
 
@@ -119,36 +139,57 @@ class PlanState:
         self._tau = tables.decode_tau(dec_count, dec_ctx)
 
     # -- projections ---------------------------------------------------------------------------
-    def decode_start(self, d: int, kv: np.ndarray) -> np.ndarray:
-        """Earliest time d can admit calls needing ``kv`` predicted tokens (one per entry)."""
+    def decode_starts(self, kv: np.ndarray) -> np.ndarray:
+        """Earliest admission time (n, D) on every decode instance for predicted demands ``kv``."""
         t = self.tables
-        kv = np.minimum(kv, t.capacity[d])
-        need = kv - (t.capacity[d] - self.dec_tokens[d])
-        over_batch = int(self.dec_count[d]) - int(t.max_batch[d]) + 1
-        if over_batch <= 0 and need.max() <= 0.0:
-            return np.full(kv.shape, self.now)
+        need = np.minimum(kv[:, None], t.capacity) - (t.capacity - self.dec_tokens)
+        over = self.dec_count - t.max_batch + 1
+        start = np.full(need.shape, self.now)
+        for d in np.flatnonzero((need > 0.0).any(axis=0) | (over > 0)).tolist():
+            rel = self._release_list(d)
+            times = np.array([r[0] for r in rel] + [INF])
+            cum = np.cumsum([r[1] for r in rel] + [0.0])
+            col = need[:, d]
+            at = times[np.minimum(np.searchsorted(cum, col, side="left"), len(rel))]
+            col_start = np.where(col <= 0.0, self.now, at)
+            if over[d] > 0:
+                col_start = np.maximum(col_start, times[min(int(over[d]) - 1, len(rel))])
+            start[:, d] = np.maximum(col_start, self.now)
+        return start
+
+    def slow_start(self, d: int, need: float, over: int) -> float:
+        """Scalar ``decode_starts`` for one call on a decode instance whose limits bind."""
         rel = self._release_list(d)
-        times = np.array([r[0] for r in rel] + [INF])
-        cum = np.cumsum([r[1] for r in rel] + [0.0])
-        idx = np.searchsorted(cum, need, side="left")
-        start = np.where(need <= 0.0, self.now, times[np.minimum(idx, len(rel))])
-        if over_batch > 0:
-            start = np.maximum(start, times[min(over_batch - 1, len(rel))])
-        return np.maximum(start, self.now)
+        start = self.now
+        if need > 0.0:
+            acc = 0.0
+            t_kv = INF
+            for when, tokens in rel:
+                acc += tokens
+                if acc >= need:
+                    t_kv = when
+                    break
+            start = max(start, t_kv)
+        if over > 0:
+            start = max(start, rel[over - 1][0] if over - 1 < len(rel) else INF)
+        return start
+
+    def earliest_pair(self, call: Call) -> tuple[int, int, float]:
+        """The fallback placement of a waiting call: see :func:`earliest_pair`."""
+        return earliest_pair(self.tables, self.now, self.free.tolist(), self.dec_tokens.tolist(),
+                             self.dec_count.tolist(), self.dec_ctx.tolist(), call,
+                             self.slow_start)
 
     def project_prefill(self, calls: list[Call]) -> np.ndarray:
         """Δ (n, P, D) for calls waiting for prefill; inf where d cannot hold the call."""
         t = self.tables
-        n = len(calls)
-        pf = np.stack([c.pf_est for c in calls]) if n > 1 else calls[0].pf_est[None, :]
+        pf = np.array([c.pf_est for c in calls])
         l_in = np.array([c.l_in for c in calls], dtype=np.float64)
         l_out = np.array([c.l_out_pred for c in calls], dtype=np.float64)
         err = np.array([c.dec_err for c in calls])
-        kv_pred = l_in + l_out
-        arrive = (self.free + pf)[:, :, None] + t.setup + l_in[:, None, None] * t.s_per_token
-        start = np.empty((n, t.num_decode))
-        for d in range(t.num_decode):
-            start[:, d] = self.decode_start(d, kv_pred)
+        xfer = t.setup + l_in[:, None, None] * t.s_per_token
+        arrive = (self.free + pf)[:, :, None] + xfer
+        start = self.decode_starts(l_in + l_out)
         base, slope = self._tau
         ctx = l_in + 0.5 * (l_out - 1.0)
         dec = (l_out * err)[:, None] * (base[None, :] + slope[None, :] * ctx[:, None])
@@ -164,12 +205,12 @@ class PlanState:
         t = self.tables
         delta = np.full((len(calls), t.num_prefill, t.num_decode), INF)
         base, slope = self._tau
+        start = self.decode_starts(np.array([float(c.kv_pred) for c in calls]))
         for i, c in enumerate(calls):
             d = c.decode_inst
-            start = float(self.decode_start(d, np.array([float(c.kv_pred)]))[0])
             ctx = c.l_in + 0.5 * (c.l_out_pred - 1.0)
-            dec = c.l_out_pred * c.dec_err * (base[d] + slope[d] * ctx)
-            delta[i, c.prefill_inst, d] = start + dec - self.now
+            dec = (c.l_out_pred * c.dec_err) * (base[d] + slope[d] * ctx)
+            delta[i, c.prefill_inst, d] = start[i, d] + (dec - self.now)
         return delta
 
     # -- picks ----------------------------------------------------------------------------------
@@ -207,6 +248,58 @@ class PlanState:
         rel.sort()
         self._releases[d] = rel
         return rel
+
+
+def earliest_pair(tables: ClusterTables, now: float, free: list[float], tokens: list[float],
+                  count: list[int], ctx: list[float], call: Call,
+                  slow_start: Callable[[int, float, int], float]) -> tuple[int, int, float]:
+    """The core's placement rule: the pair with the earliest projected finish Δ.
+
+    Ties go to the lowest decode index, and within a decode instance to the prefill instance
+    whose KV arrives first (then the lowest index). The arithmetic mirrors
+    :meth:`PlanState.project_prefill` operation for operation, so the chosen pair's Δ equals that
+    tensor's entry exactly. Scalar Python over classes and decode instances: at this size it
+    beats numpy's per-call overhead several times.
+
+    Returns:
+        (p, d, Δ) with Δ in seconds from ``now``.
+    """
+    # least-loaded member of each prefill class (lowest index on ties): (free + prefill, p)
+    cands = []
+    pf = call.pf_cls
+    for k, members in enumerate(tables.pf_members):
+        bp = members[0]
+        bf = free[bp]
+        for p in members[1:]:
+            if free[p] < bf:
+                bp, bf = p, free[p]
+        cands.append((bf + pf[k], bp))
+    xcols = tables.transfer_cols(call.l_in)
+    top = tables.batch_top
+    l_out = call.l_out_pred
+    weight = l_out * call.dec_err
+    own_ctx = call.l_in + 0.5 * (l_out - 1.0)
+    kv_pred, kv_true = call.kv_pred, call.kv_true
+    best, best_d, best_p = INF, -1, -1
+    for d, (cap, max_batch, base_row, slope_row) in enumerate(tables.dec_static):
+        if kv_true > cap:
+            continue
+        n = count[d]
+        b = n + 1 if n < top else top
+        slope = slope_row[b]
+        tau = base_row[b] + slope * ctx[d]
+        dec = weight * (tau + slope * own_ctx)
+        need = (kv_pred if kv_pred < cap else cap) - (cap - tokens[d])
+        start = now if need <= 0.0 and n < max_batch else slow_start(d, need, n - max_batch + 1)
+        a, ap = INF, -1
+        for (val, p), x in zip(cands, xcols[d], strict=True):
+            x = val + x  # KV arrival on d; earliest wins, lowest prefill index on ties
+            if x < a or (x == a and p < ap):
+                a, ap = x, p
+        fin = (a if a > start else start) + (dec - now)
+        if fin < best:
+            best, best_d, best_p = fin, d, ap
+    return best_p, best_d, best
 
 
 def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],

@@ -35,7 +35,7 @@ from hexagent_gym.entities import (
 from hexagent_gym.events import EventQueue, Phase
 from hexagent_gym.horizon import HorizonCache
 from hexagent_gym.metrics import EpisodeResult, WorkflowRecord
-from hexagent_gym.planner import ClusterTables, snapshot
+from hexagent_gym.planner import ClusterTables, earliest_pair, snapshot
 from hexagent_gym.workload import check_kv_demand
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ class Simulator:
         self._waiting_decode: dict[int, Call] = {}
         self._dirty_prefill: set[int] = set()
         self._dirty_decode: set[int] = set()
-        self._dispatch_pushed = False
+        self._dispatch_due = False
         self._schedule_pushed = [False, False]
         self._inflight = [False, False]
         self._replan = [False, False]
@@ -124,7 +124,6 @@ class Simulator:
             Phase.REVEAL: self._reveal,
             Phase.ARRIVAL: self._on_arrival,
             Phase.PLAN_LANDS: self._on_plan_lands,
-            Phase.DISPATCH: self._dispatch,
         }
 
     # -- public API -------------------------------------------------------------------------------
@@ -148,8 +147,16 @@ class Simulator:
             self._pending = None
             self._close_decision(dp)
         events = self.events
+        heap = events.heap
         handlers = self._handlers
-        while len(events):
+        while True:
+            # Dispatch (start prefills, admit decodes) runs after the last event of an instant,
+            # so it sees every completion, arrival and plan of that instant.
+            if self._dispatch_due and (not heap or heap[0][0] > self.now):
+                self._dispatch()
+                continue
+            if not heap:
+                break
             t, phase, _, payload = events.pop()
             assert t >= self.now, "the clock went back"
             self.now = t
@@ -235,9 +242,14 @@ class Simulator:
         call.reveal_t = self.now
         call.reveal_seq = seq = next(self._reveal_seq)
         call.queue_key = (UNPLANNED, seq)
-        times, arr = self.tables.prefill_times(call.l_in)
+        times, per_class = self.tables.prefill_times(call.l_in)
         call.pf_true = times
-        call.pf_est = arr if call.pf_err == 1.0 else arr * call.pf_err
+        err = call.pf_err
+        if err == 1.0:
+            call.pf_est, call.pf_cls = times, per_class
+        else:
+            call.pf_est = [x * err for x in times]
+            call.pf_cls = [x * err for x in per_class]
         self._waiting_prefill[call.uid] = call
         wf = call.workflow
         wf.open_calls.append(call)
@@ -315,7 +327,7 @@ class Simulator:
             wf.service = call.service
         if self._decide:
             true_alone = self.tables.standalone_estimate(
-                self.tables.prefill_times(call.l_in)[1], call.l_in, call.l_out, 1.0)
+                call.pf_true, call.l_in, call.l_out, 1.0)
             call.ef = call.ef_start + true_alone
             if call.ef > wf.h_est_done:
                 wf.h_est_done = call.ef
@@ -331,8 +343,8 @@ class Simulator:
             wf.finish_t = now
             self._done_workflows += 1
 
-    def _dispatch(self, _payload: object = None) -> None:
-        self._dispatch_pushed = False
+    def _dispatch(self) -> None:
+        self._dispatch_due = False
         if self._dirty_prefill:
             for p in sorted(self._dirty_prefill):
                 inst = self.prefill[p]
@@ -450,12 +462,26 @@ class Simulator:
                     call.queue_key = (UNPLANNED, next(self._fifo_seq))
 
     def _place_fallback(self, call: Call) -> None:
-        """FIFO placement at the earliest projected finish (the core's fallback)."""
-        state = snapshot(self.tables, self.now, self.prefill, self.decode, [call], True)
-        row = state.project_prefill([call])[0]
-        flat = int(np.argmin(row))
-        p, d = divmod(flat, row.shape[1])
-        call.proj_release = self.now + float(row.flat[flat])
+        """FIFO placement at the earliest projected finish (the core's fallback).
+
+        Reads the live state directly; Ŝ is only built when a decode limit binds.
+        """
+        now = self.now
+        free = []
+        for i, inst in enumerate(self.prefill):
+            run = inst.running
+            f = now if run is None else max(now, run.prefill_start + run.pf_est[i])
+            free.append(f + max(inst.queued_est, 0.0))
+        dec = self.decode
+
+        def slow_start(d: int, need: float, over: int) -> float:
+            state = snapshot(self.tables, now, self.prefill, dec, [call], True)
+            return state.slow_start(d, need, over)
+
+        p, d, delta = earliest_pair(
+            self.tables, now, free, [float(x.committed_pred) for x in dec],
+            [x.committed_count for x in dec], [x.sched_ctx for x in dec], call, slow_start)
+        call.proj_release = now + delta
         self._enqueue_prefill(call, p, d)
 
     def _enqueue_prefill(self, call: Call, p: int, d: int) -> None:
@@ -489,12 +515,8 @@ class Simulator:
 
     def _mark_prefill(self, p: int) -> None:
         self._dirty_prefill.add(p)
-        if not self._dispatch_pushed:
-            self._dispatch_pushed = True
-            self.events.push(self.now, Phase.DISPATCH, None)
+        self._dispatch_due = True
 
     def _mark_decode(self, d: int) -> None:
         self._dirty_decode.add(d)
-        if not self._dispatch_pushed:
-            self._dispatch_pushed = True
-            self.events.push(self.now, Phase.DISPATCH, None)
+        self._dispatch_due = True

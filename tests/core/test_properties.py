@@ -64,7 +64,7 @@ class RecordingQueue(EventQueue):
     """The simulator's event queue, remembering the time of every popped event."""
 
     def __init__(self, inner: EventQueue) -> None:
-        self._heap, self._seq = inner._heap, inner._seq
+        self.heap, self._seq = inner.heap, inner._seq
         self.times: list[float] = []
 
     def pop(self):

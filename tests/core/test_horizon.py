@@ -1,0 +1,52 @@
+"""Standalone horizons: the chain shortcut equals the event loop bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hexagent_gym.horizon import HorizonCache, _chain_time, _simulated_time, standalone_time
+from hexagent_gym.planner import ClusterTables
+from hexagent_gym.workload import make_workflow
+from tests.toy import ToyLatency, toy_cluster
+
+lat = st.builds(ToyLatency, a=st.floats(0.001, 0.05), b=st.floats(1e-5, 5e-4),
+                c=st.floats(0.002, 0.05), e=st.floats(0.0, 2e-3), f=st.floats(0.0, 5e-6))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(lat, min_size=1, max_size=3), st.lists(lat, min_size=1, max_size=3),
+       st.lists(st.tuples(st.integers(1, 4000), st.integers(1, 300),
+                          st.sampled_from([0.0, 0.2, 0.89])), min_size=1, max_size=8))
+def test_chain_shortcut_matches_the_simulation_exactly(pre, dec, steps):
+    cluster = toy_cluster(prefill=tuple(pre), decode=tuple(dec), capacity=10_000)
+    chain = make_workflow([(i, o, t, [k - 1] if k else []) for k, (i, o, t) in enumerate(steps)])
+    tables = ClusterTables(cluster)
+    assert _chain_time(tables, chain) == _simulated_time(cluster, chain, tables)
+
+
+def test_one_call_horizon_is_hand_computable():
+    lm = ToyLatency()
+    cluster = toy_cluster(prefill=(lm,), decode=(lm,), setup=0.002, s_per_token=2e-6)
+    wf = make_workflow([(1000, 100, 0.0, []), (200, 10, 0.5, [0])])
+    first = lm.prefill_time(1000) + 0.002 + 1000 * 2e-6 + 100 * lm.decode_step_time(1, 1049.5)
+    second = lm.prefill_time(200) + 0.002 + 200 * 2e-6 + 10 * lm.decode_step_time(1, 204.5)
+    assert np.isclose(standalone_time(cluster, wf), first + 0.5 + second, rtol=1e-12)
+
+
+def test_parallel_branches_overlap_in_the_horizon():
+    lm = ToyLatency()
+    cluster = toy_cluster(prefill=(lm, lm), decode=(lm, lm))
+    single = make_workflow([(1000, 100, 0.0, [])])
+    pair = make_workflow([(1000, 100, 0.0, []), (1000, 100, 0.0, [])])
+    # two independent calls on two identical pairs take as long as one
+    assert np.isclose(standalone_time(cluster, pair), standalone_time(cluster, single))
+
+
+def test_cache_computes_each_spec_once():
+    cluster = toy_cluster()
+    cache = HorizonCache(cluster)
+    wf = make_workflow([(100, 10, 0.0, [])])
+    h = cache.get(wf)
+    assert cache.get(wf) == h and len(cache) == 1
