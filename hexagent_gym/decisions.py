@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hexagent_gym.planner import CallBatch
+
 if TYPE_CHECKING:
     from hexagent_gym.entities import Call
     from hexagent_gym.planner import PlanState
@@ -37,7 +39,7 @@ class DecisionPoint:
     """
 
     __slots__ = ("stage", "now", "calls", "state", "plan", "picked", "_delta", "_remaining",
-                 "wall_start")
+                 "wall_start", "_batch")
 
     def __init__(self, stage: Stage, now: float, calls: list[Call], state: PlanState,
                  wall_start: float = 0.0) -> None:
@@ -50,6 +52,14 @@ class DecisionPoint:
         self._delta: np.ndarray | None = None
         self._remaining = len(calls)
         self.wall_start = wall_start
+        self._batch: CallBatch | None = None
+
+    @property
+    def batch(self) -> CallBatch:
+        """The window's constant per-call arrays (built on first use)."""
+        if self._batch is None:
+            self._batch = CallBatch(self.state.tables, self.calls)
+        return self._batch
 
     @property
     def done(self) -> bool:
@@ -78,12 +88,11 @@ class DecisionPoint:
         """
         if self._delta is None:
             if self.stage == Stage.PREFILL:
-                delta = self.state.project_prefill(self.calls)
+                delta = self.state.project_prefill(self.batch)
             else:
-                delta = self.state.project_decode(self.calls)
-            for i, p in enumerate(self.picked):
-                if p:
-                    delta[i] = np.inf
+                delta = self.state.project_decode(self.batch)
+            if self._remaining < len(self.calls):
+                delta[np.asarray(self.picked)] = np.inf
             self._delta = delta
         return self._delta
 
@@ -91,10 +100,10 @@ class DecisionPoint:
         """Δ (P, D) of one slot, without computing the whole tensor (for one-pass orderings)."""
         if self._delta is not None:
             return self._delta[slot]
-        call = [self.calls[slot]]
+        one = self.batch.row(slot)
         if self.stage == Stage.PREFILL:
-            return self.state.project_prefill(call)[0]
-        return self.state.project_decode(call)[0]
+            return self.state.project_prefill(one)[0]
+        return self.state.project_decode(one)[0]
 
     def feasible(self, slot: int) -> np.ndarray:
         """Boolean (P, D) mask of valid placements for a slot (all False once it is picked)."""

@@ -120,8 +120,51 @@ def _classes(models: list) -> tuple[list, np.ndarray]:
     return distinct, np.array(index, dtype=np.int64)
 
 
+class CallBatch:
+    """Constant per-call arrays of a decision's window, built once and reused at every pick."""
+
+    __slots__ = ("pf", "weight", "ctx", "kv_pred", "xfer", "too_big", "any_too_big",
+                 "prefill_inst", "decode_inst", "arrival", "h_est")
+
+    def __init__(self, tables: ClusterTables, calls: list[Call]) -> None:
+        l_in = np.array([c.l_in for c in calls], dtype=np.float64)
+        l_out = np.array([c.l_out_pred for c in calls], dtype=np.float64)
+        err = np.array([c.dec_err for c in calls])
+        self.pf = np.array([c.pf_est for c in calls])  # (n, P) estimated prefill seconds
+        self.weight = l_out * err  # decode seconds = weight · per-token step time
+        self.ctx = l_in + 0.5 * (l_out - 1.0)  # mean own context over the call's decode
+        self.kv_pred = l_in + l_out
+        self.xfer = tables.setup + l_in[:, None, None] * tables.s_per_token  # (n, P, D)
+        kv_true = np.array([c.kv_true for c in calls], dtype=np.float64)
+        self.too_big = kv_true[:, None] > tables.capacity[None, :]  # (n, D) never fits
+        self.any_too_big = bool(self.too_big.any())
+        self.prefill_inst = np.array([c.prefill_inst for c in calls], dtype=np.int64)
+        self.decode_inst = np.array([c.decode_inst for c in calls], dtype=np.int64)
+        self.arrival = np.array([c.workflow.arrival for c in calls])  # workflow arrival a_w
+        self.h_est = np.array([c.workflow.h_est for c in calls])  # running horizon H_w(t)
+
+    def row(self, i: int) -> CallBatch:
+        """A one-call batch viewing row ``i`` (no copies)."""
+        out = CallBatch.__new__(CallBatch)
+        for name in CallBatch.__slots__:
+            value = getattr(self, name)
+            setattr(out, name, value if name == "any_too_big" else value[i:i + 1])
+        out.any_too_big = bool(out.too_big.any())
+        return out
+
+
 class PlanState:
-    """Ŝ: projected prefill free times and decode reservations, updated pick by pick."""
+    """Ŝ: projected prefill free times and decode reservations, updated pick by pick.
+
+    Attributes (all scheduler-visible, updated by :meth:`commit`):
+        now: simulated time of the decision (s).
+        free: (P,) time each prefill instance could start a newly placed call (s, absolute).
+        pf_tokens: (P,) prompt tokens queued or running per prefill instance.
+        dec_tokens: (D,) predicted KV tokens committed per decode instance.
+        dec_count: (D,) calls committed per decode instance (running, waiting or inbound).
+        dec_ctx: (D,) Σ (L_in + L_out_pred/2) over those calls.
+        tables: the cluster's :class:`ClusterTables` (capacity, max_batch, transfer tables).
+    """
 
     def __init__(self, tables: ClusterTables, now: float, free: np.ndarray,
                  dec_tokens: np.ndarray, dec_count: np.ndarray, dec_ctx: np.ndarray,
@@ -137,15 +180,25 @@ class PlanState:
         self._releases: list[list[tuple[float, float]] | None] = [None] * tables.num_decode
         self._picked: list[list[tuple[float, float]]] = [[] for _ in range(tables.num_decode)]
         self._tau = tables.decode_tau(dec_count, dec_ctx)
+        # prompt tokens queued or running on each prefill instance (speed-unaware load)
+        self.pf_tokens = np.zeros(tables.num_prefill)
 
     # -- projections ---------------------------------------------------------------------------
-    def decode_starts(self, kv: np.ndarray) -> np.ndarray:
-        """Earliest admission time (n, D) on every decode instance for predicted demands ``kv``."""
+    def decode_starts(self, kv: np.ndarray) -> np.ndarray | float:
+        """Earliest admission time (n, D) on every decode instance for predicted demands ``kv``.
+
+        Returns the scalar ``now`` when no decode limit binds for any of the calls (the common
+        case), which broadcasts like the full array.
+        """
         t = self.tables
-        need = np.minimum(kv[:, None], t.capacity) - (t.capacity - self.dec_tokens)
         over = self.dec_count - t.max_batch + 1
+        slack = t.capacity - self.dec_tokens
+        binding = (np.minimum(kv.max(), t.capacity) > slack) | (over > 0)
+        if not binding.any():
+            return self.now
+        need = np.minimum(kv[:, None], t.capacity) - slack
         start = np.full(need.shape, self.now)
-        for d in np.flatnonzero((need > 0.0).any(axis=0) | (over > 0)).tolist():
+        for d in np.flatnonzero(binding).tolist():
             rel = self._release_list(d)
             times = np.array([r[0] for r in rel] + [INF])
             cum = np.cumsum([r[1] for r in rel] + [0.0])
@@ -180,37 +233,32 @@ class PlanState:
                              self.dec_count.tolist(), self.dec_ctx.tolist(), call,
                              self.slow_start)
 
-    def project_prefill(self, calls: list[Call]) -> np.ndarray:
+    def project_prefill(self, batch: CallBatch) -> np.ndarray:
         """Δ (n, P, D) for calls waiting for prefill; inf where d cannot hold the call."""
-        t = self.tables
-        pf = np.array([c.pf_est for c in calls])
-        l_in = np.array([c.l_in for c in calls], dtype=np.float64)
-        l_out = np.array([c.l_out_pred for c in calls], dtype=np.float64)
-        err = np.array([c.dec_err for c in calls])
-        xfer = t.setup + l_in[:, None, None] * t.s_per_token
-        arrive = (self.free + pf)[:, :, None] + xfer
-        start = self.decode_starts(l_in + l_out)
+        arrive = (self.free + batch.pf)[:, :, None] + batch.xfer
+        start = self.decode_starts(batch.kv_pred)
+        if not isinstance(start, float):
+            start = start[:, None, :]
         base, slope = self._tau
-        ctx = l_in + 0.5 * (l_out - 1.0)
-        dec = (l_out * err)[:, None] * (base[None, :] + slope[None, :] * ctx[:, None])
-        delta = np.maximum(arrive, start[:, None, :]) + (dec - self.now)[:, None, :]
-        kv_true = np.array([c.kv_true for c in calls], dtype=np.float64)
-        too_big = kv_true[:, None] > t.capacity[None, :]  # (n, D): d can never hold the call
-        if too_big.any():
-            delta[np.broadcast_to(too_big[:, None, :], delta.shape)] = INF
+        dec = batch.weight[:, None] * (base[None, :] + slope[None, :] * batch.ctx[:, None])
+        delta = np.maximum(arrive, start) + (dec - self.now)[:, None, :]
+        if batch.any_too_big:
+            delta[np.broadcast_to(batch.too_big[:, None, :], delta.shape)] = INF
         return delta
 
-    def project_decode(self, calls: list[Call]) -> np.ndarray:
+    def project_decode(self, batch: CallBatch) -> np.ndarray:
         """Δ (n, P, D) for calls waiting at their locked decode instance; inf elsewhere."""
         t = self.tables
-        delta = np.full((len(calls), t.num_prefill, t.num_decode), INF)
+        n = len(batch.kv_pred)
+        rows = np.arange(n)
         base, slope = self._tau
-        start = self.decode_starts(np.array([float(c.kv_pred) for c in calls]))
-        for i, c in enumerate(calls):
-            d = c.decode_inst
-            ctx = c.l_in + 0.5 * (c.l_out_pred - 1.0)
-            dec = (c.l_out_pred * c.dec_err) * (base[d] + slope[d] * ctx)
-            delta[i, c.prefill_inst, d] = start[i, d] + (dec - self.now)
+        d = batch.decode_inst
+        dec = batch.weight * (base[d] + slope[d] * batch.ctx)
+        start = self.decode_starts(batch.kv_pred)
+        if not isinstance(start, float):
+            start = start[rows, d]
+        delta = np.full((n, t.num_prefill, t.num_decode), INF)
+        delta[rows, batch.prefill_inst, d] = start + (dec - self.now)
         return delta
 
     # -- picks ----------------------------------------------------------------------------------
@@ -218,6 +266,7 @@ class PlanState:
         """Reserve the picked placement in Ŝ so later projections see it."""
         if prefill_stage:
             self.free[p] += call.pf_est[p]
+            self.pf_tokens[p] += call.l_in
         self.dec_tokens[d] += call.kv_pred
         self.dec_count[d] += 1
         self.dec_ctx[d] += call.l_in + 0.5 * call.l_out_pred
@@ -226,7 +275,12 @@ class PlanState:
         rel = self._releases[d]
         if rel is not None:
             bisect.insort(rel, item)
-        self._tau = self.tables.decode_tau(self.dec_count, self.dec_ctx)
+        # only d's step time changed: refresh its entry (same arithmetic as decode_tau)
+        t = self.tables
+        b = min(int(self.dec_count[d]) + 1, t.batch_top)
+        slope = t.dec_slope_list[d][b]
+        self._tau[0][d] = t.dec_base_list[d][b] + slope * self.dec_ctx[d]
+        self._tau[1][d] = slope
 
     def _release_list(self, d: int) -> list[tuple[float, float]]:
         """Projected (release time, tokens) of every reservation on d, sorted; built lazily."""
@@ -307,6 +361,8 @@ def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
     """Build Ŝ at ``now`` for planning ``planned`` (those calls hold no reservation in Ŝ)."""
     exclude = {c.uid for c in planned}
     work = [inst.queued_est for inst in prefill]
+    pf_tokens = [sum(c.l_in for c in inst.queue)
+                 + (inst.running.l_in if inst.running is not None else 0) for inst in prefill]
     tokens = np.array([float(x.committed_pred) for x in decode])
     count = np.array([x.committed_count for x in decode], dtype=np.int64)
     ctx = np.array([x.sched_ctx for x in decode])
@@ -314,6 +370,7 @@ def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
         if c.decode_inst >= 0:
             if prefill_stage:
                 work[c.prefill_inst] -= c.pf_est[c.prefill_inst]
+                pf_tokens[c.prefill_inst] -= c.l_in
             d = c.decode_inst
             tokens[d] -= c.kv_pred
             count[d] -= 1
@@ -323,5 +380,7 @@ def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
         run = inst.running
         f = now if run is None else max(now, run.prefill_start + run.pf_est[i])
         free[i] = f + max(work[i], 0.0)
-    return PlanState(tables, now, free, tokens, count, ctx, decode, exclude)
+    state = PlanState(tables, now, free, tokens, count, ctx, decode, exclude)
+    state.pf_tokens = np.array(pf_tokens, dtype=np.float64)
+    return state
 

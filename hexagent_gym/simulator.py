@@ -96,7 +96,8 @@ class Simulator:
                        for i, s in enumerate(cluster.decode)]
         self.now = 0.0
         self.events = EventQueue()
-        self.workflows: list[Workflow] = []
+        self.workflows: list[Workflow] = []  # arrived so far, in arrival order
+        self.finished: list[Workflow] = []  # completed so far, in completion order
         self.num_calls = 0
         self.invocations = 0
         self.decisions_made = 0
@@ -342,6 +343,7 @@ class Simulator:
         if wf.num_done == len(calls):
             wf.finish_t = now
             self._done_workflows += 1
+            self.finished.append(wf)
 
     def _dispatch(self) -> None:
         self._dispatch_due = False

@@ -1,0 +1,148 @@
+"""Episode configuration and a factory of simulators that shares per-cluster caches.
+
+An episode is (cluster, trace, number of workflows, arrival process, seed, estimation error,
+planning options). Experiment YAML files (``configs/experiments``) carry these keys at the top
+level; keys this module does not know are returned to the caller (the env or the evaluation
+grid), which must validate them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hexagent_gym.arrivals import EpisodeWorkload, sample_episode
+from hexagent_gym.cluster import ClusterSpec, load_cluster
+from hexagent_gym.config import ConfigError, load_named
+from hexagent_gym.horizon import HorizonCache
+from hexagent_gym.load import offered_load, rate_for_load
+from hexagent_gym.planner import ClusterTables
+from hexagent_gym.simulator import Simulator
+from hexagent_gym.workload import Trace, load_trace
+
+
+@dataclass(frozen=True)
+class EpisodeConfig:
+    """What one simulated episode serves and how.
+
+    Attributes:
+        cluster: shipped cluster name or YAML path.
+        trace: shipped trace name (sharegpt, bfcl_v3, lats, mixed) or JSONL path.
+        num_workflows: workflows sampled per episode (None: the whole trace).
+        arrival_rate: Poisson arrivals per second; None derives it from ``load``.
+        load: prefill utilisation ρ that sets the rate when ``arrival_rate`` is None
+            (``hexagent_gym.load``); None with no rate replays the trace's ``arrival_s``.
+        seed: seed of the episode generator (workflow sample, arrivals, estimation error).
+        estimation_error: multiplicative error level e on scheduler-visible estimates.
+        planning_latency: seconds from invocation to plan (0 = synchronous) or "measured".
+        max_calls_per_decision: window K of calls shown per decision (None = all).
+    """
+
+    cluster: str = "hetero-1"
+    trace: str = "bfcl_v3"
+    num_workflows: int | None = 400
+    arrival_rate: float | None = None
+    load: float | None = 0.8
+    seed: int = 0
+    estimation_error: float = 0.0
+    planning_latency: float | str = 0.0
+    max_calls_per_decision: int | None = None
+
+    def __post_init__(self) -> None:
+        src = "episode config"
+        if self.num_workflows is not None and (not isinstance(self.num_workflows, int)
+                                               or self.num_workflows < 1):
+            raise ConfigError(f"{src}: num_workflows must be an integer >= 1 or null, got "
+                              f"{self.num_workflows!r}")
+        for name in ("arrival_rate", "load"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                                  or not v > 0):
+                raise ConfigError(f"{src}: {name} must be a number > 0 or null, got {v!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigError(f"{src}: seed must be an integer >= 0, got {self.seed!r}")
+        e = self.estimation_error
+        if isinstance(e, bool) or not isinstance(e, int | float) or not 0 <= e < 1:
+            raise ConfigError(f"{src}: estimation_error must be in [0, 1), got {e!r}")
+        pl = self.planning_latency
+        if pl != "measured" and (isinstance(pl, bool) or not isinstance(pl, int | float)
+                                 or pl < 0):
+            raise ConfigError(f"{src}: planning_latency must be seconds >= 0 or 'measured', "
+                              f"got {pl!r}")
+        k = self.max_calls_per_decision
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+            raise ConfigError(f"{src}: max_calls_per_decision must be an integer >= 1 or null, "
+                              f"got {k!r}")
+
+    def replace(self, **changes: Any) -> EpisodeConfig:
+        return dataclasses.replace(self, **changes)
+
+
+EPISODE_KEYS = tuple(f.name for f in fields(EpisodeConfig))
+
+
+def load_config(config: str | Path | Mapping[str, Any] | None = None,
+                **overrides: Any) -> tuple[EpisodeConfig, dict[str, Any], str]:
+    """Read an experiment config (shipped name, YAML path, mapping or None) plus overrides.
+
+    Returns:
+        (episode config, the other keys for the caller to validate, source label).
+    """
+    if config is None:
+        data, source = {}, "<defaults>"
+    elif isinstance(config, Mapping):
+        data, source = dict(config), "<dict>"
+    else:
+        data, source = load_named("experiments", config)
+    data.update(overrides)
+    episode = {k: data.pop(k) for k in list(data) if k in EPISODE_KEYS}
+    try:
+        cfg = EpisodeConfig(**episode)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    return cfg, data, source
+
+
+class EpisodeFactory:
+    """Builds one :class:`Simulator` per episode, sharing the cluster tables, the loaded trace
+    and the standalone-horizon cache across episodes (the expensive, seed-independent parts)."""
+
+    def __init__(self, config: EpisodeConfig) -> None:
+        self.config = config
+        self.cluster: ClusterSpec = load_cluster(config.cluster)
+        self.trace: Trace = load_trace(config.trace)
+        self.tables = ClusterTables(self.cluster)
+        self.horizons = HorizonCache(self.cluster, self.tables)
+        if config.arrival_rate is not None:
+            self.arrival_rate: float | None = float(config.arrival_rate)
+        elif config.load is not None:
+            self.arrival_rate = rate_for_load(self.tables, self.trace.workflows, config.load)
+        else:
+            self.arrival_rate = None  # replay the trace's arrival_s
+
+    @property
+    def offered_load(self) -> float | None:
+        """Prefill utilisation of this factory's arrival rate (None when replaying)."""
+        if self.arrival_rate is None:
+            return None
+        return offered_load(self.tables, self.trace.workflows, self.arrival_rate)
+
+    def workload(self, seed: int) -> tuple[EpisodeWorkload, np.random.Generator]:
+        """Sample the episode's workflows and arrivals; returns the generator for the rest."""
+        rng = np.random.default_rng(seed)
+        work = sample_episode(self.trace, self.config.num_workflows, rng, self.arrival_rate)
+        return work, rng
+
+    def simulator(self, seed: int | None = None, decisions: bool = True) -> Simulator:
+        """A fresh simulator for one episode (``seed`` defaults to the config's)."""
+        cfg = self.config
+        work, rng = self.workload(cfg.seed if seed is None else seed)
+        return Simulator(self.cluster, work, estimation_error=cfg.estimation_error, rng=rng,
+                         decisions=decisions, planning_latency=cfg.planning_latency,
+                         max_calls_per_decision=cfg.max_calls_per_decision,
+                         horizons=self.horizons, tables=self.tables)

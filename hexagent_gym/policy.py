@@ -1,0 +1,90 @@
+"""The policy interface over decision points, and the registry of policies by name.
+
+A policy answers a :class:`~hexagent_gym.decisions.DecisionPoint` one pick at a time. Built-in
+policies live in the ``agents`` package; they are registered here by entry-point strings (as
+Gymnasium registers environments) so the core and the env can resolve names without importing
+the agents layer at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from hexagent_gym.config import suggest
+
+if TYPE_CHECKING:
+    from hexagent_gym.decisions import DecisionPoint
+    from hexagent_gym.metrics import EpisodeResult
+    from hexagent_gym.simulator import Simulator
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """What the simulator and the env need from a scheduler."""
+
+    name: str
+
+    def reset(self, sim: Simulator) -> None:
+        """Called once before an episode starts (drop per-episode state)."""
+
+    def pick(self, dp: DecisionPoint) -> tuple[int, int, int]:
+        """Return (call slot, prefill instance, decode instance) for the next-ranked call."""
+
+
+_REGISTRY: dict[str, str | Callable[..., Policy]] = {}
+
+
+def register_policy(name: str, entry_point: str | Callable[..., Policy]) -> None:
+    """Register a policy factory under ``name`` (``"module:attr"`` or a callable).
+
+    Raises:
+        ValueError: the name is taken (re-registering silently would hide typos and clashes).
+    """
+    key = name.lower()
+    if key in _REGISTRY:
+        raise ValueError(f"a policy named '{key}' is already registered")
+    _REGISTRY[key] = entry_point
+
+
+def policy_names() -> list[str]:
+    """Registered policy names, sorted."""
+    return sorted(_REGISTRY)
+
+
+def make_policy(name: str, **kwargs: Any) -> Policy:
+    """Instantiate a registered policy by name (case-insensitive).
+
+    Raises:
+        ValueError: unknown name; the message lists the known ones and the closest match.
+    """
+    key = name.lower()
+    entry = _REGISTRY.get(key)
+    if entry is None:
+        known = policy_names()
+        raise ValueError(f"unknown policy '{name}'; known policies: {', '.join(known)}."
+                         f"{suggest(key, known)}")
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        entry = getattr(importlib.import_module(module), attr)
+    return entry(**kwargs)
+
+
+def run_policy(sim: Simulator, policy: Policy) -> EpisodeResult:
+    """Run one whole episode on the bare simulator with ``policy`` answering every decision."""
+    policy.reset(sim)
+    return sim.run(policy.pick, policy_name=policy.name)
+
+
+# Built-in policies (agents package), resolved lazily on first use.
+for _name, _entry in {
+    "hexagent": "agents.hexagent:HexAgentPolicy",
+    "fcfs": "agents.baselines:CallFCFS",
+    "wf-fcfs": "agents.baselines:WorkflowFCFS",
+    "llf": "agents.baselines:LeastLaxityFirst",
+    "atlas": "agents.baselines:Atlas",
+    "random": "agents.baselines:RandomPolicy",
+    "fallback": "agents.baselines:FallbackPolicy",
+}.items():
+    register_policy(_name, _entry)
