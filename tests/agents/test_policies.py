@@ -1,0 +1,141 @@
+"""Hand-checked orders and placements of every built-in policy, and the registry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agents.baselines import Atlas, CallFCFS, LeastLaxityFirst, RandomPolicy, WorkflowFCFS
+from agents.hexagent import HexAgentPolicy
+from hexagent_gym.arrivals import EpisodeWorkload
+from hexagent_gym.policy import make_policy, policy_names, register_policy, run_policy
+from hexagent_gym.simulator import Simulator
+from hexagent_gym.workload import make_workflow
+from tests.toy import ToyLatency, toy_cluster
+
+SLOW = ToyLatency(a=0.0, b=3e-4, c=0.04, e=1e-3, f=1e-6)
+FAST = ToyLatency(a=0.0, b=1e-4, c=0.01, e=1e-3, f=1e-6)
+
+
+def two_call_decision(arrivals=(0.0, 0.0), l_in=(1000, 1000)):
+    """Two one-call workflows arriving together on (slow, fast) x (slow, fast)."""
+    wfs = [make_workflow([(l_in[i], 50, 0.0, [])], f"w{i}") for i in range(2)]
+    sim = Simulator(toy_cluster(prefill=(SLOW, FAST), decode=(SLOW, FAST)),
+                    EpisodeWorkload(tuple(wfs), np.zeros(2), np.arange(2)))
+    dp = sim.run_until_decision()
+    for wf, a in zip(sim.workflows, arrivals, strict=True):
+        wf.arrival = a  # pretend the workflow arrived earlier (elapsed time raises its risk)
+    return sim, dp
+
+
+def test_registry_resolves_names_case_insensitively_and_rejects_unknown_ones():
+    assert set(policy_names()) >= {"hexagent", "fcfs", "wf-fcfs", "llf", "atlas", "random"}
+    assert isinstance(make_policy("HexAgent"), HexAgentPolicy)
+    assert isinstance(make_policy("wf-fcfs"), WorkflowFCFS)
+    with pytest.raises(ValueError, match="unknown policy 'hexagnt'.*Did you mean: `hexagent`"):
+        make_policy("hexagnt")
+    with pytest.raises(ValueError, match="already registered"):
+        register_policy("fcfs", CallFCFS)
+
+
+def test_hexagent_puts_the_at_risk_call_on_the_fast_pair():
+    sim, dp = two_call_decision(arrivals=(0.0, -5.0))  # workflow 1 has waited 5 s
+    pol = HexAgentPolicy()
+    slot, p, d = pol.pick(dp)
+    assert (slot, p, d) == (1, 1, 1)  # riskiest first, on the fast prefill and fast decode
+    dp.pick(slot, p, d)
+    slot, p, d = pol.pick(dp)
+    # the fast prefill is busy for 0.1 s, yet queueing there (prefill done at 0.2 s) still
+    # beats the idle slow instance (0.3 s)
+    assert slot == 0 and p == 1
+
+
+def test_hexagent_risk_ranks_by_elapsed_over_horizon():
+    from agents.hexagent import projected_risk
+
+    _, dp = two_call_decision(arrivals=(-2.0, 0.0))
+    risk = projected_risk(dp, dp.delta)
+    h = [c.workflow.h_est for c in dp.calls]
+    best = dp.delta.reshape(2, -1).min(axis=1)
+    assert risk[0] == pytest.approx((2.0 + best[0]) / h[0])
+    assert risk[1] == pytest.approx(best[1] / h[1])
+    assert risk[0] > risk[1]
+
+
+def test_hexagent_one_pass_orders_once_and_places_under_updated_state():
+    _, dp = two_call_decision(arrivals=(0.0, -5.0))
+    pol = HexAgentPolicy(one_pass_threshold=1)
+    first = pol.pick(dp)
+    dp.pick(*first)
+    second = pol.pick(dp)
+    assert first[0] == 1 and second[0] == 0
+
+
+def test_workflow_fcfs_keeps_workflow_order_and_fcfs_keeps_reveal_order():
+    _, dp = two_call_decision(arrivals=(0.0, -1.0))
+    assert WorkflowFCFS().pick(dp)[0] == 1  # the earlier workflow first
+    assert CallFCFS().pick(dp)[0] == 0  # the earlier-revealed call first
+
+
+def test_least_loaded_placement_ignores_speed_and_rotates_on_ties():
+    _, dp = two_call_decision()
+    pol = CallFCFS()
+    a = pol.pick(dp)
+    dp.pick(*a)
+    b = pol.pick(dp)
+    assert a == (0, 0, 0)  # an idle cluster: the first instance, although it is the slow one
+    assert b == (1, 1, 1)  # instance 0 now holds work: the other one
+
+
+def test_llf_orders_by_laxity():
+    _, dp = two_call_decision()
+    w0, w1 = (c.workflow for c in dp.calls)
+    w0.h_est, w1.h_est = 10.0, 1.0  # workflow 1 has the tighter deadline
+    pol = LeastLaxityFirst(alpha_ref=2.0)
+    lax = [pol.order_key(dp, i)[0] for i in range(2)]
+    est = [c.est_duration for c in dp.calls]
+    assert lax == pytest.approx([2.0 * 10.0 - est[0], 2.0 * 1.0 - est[1]])
+    assert pol.pick(dp)[0] == 1
+
+
+def test_atlas_levels_and_anti_starvation():
+    pol = Atlas(thresholds=(1.0, 4.0), beta=3.0)
+    assert pol.level(0.5, 0.0) == 0
+    assert pol.level(2.0, 0.0) == 1
+    assert pol.level(10.0, 0.0) == 2
+    assert pol.level(10.0, 29.0) == 2
+    assert pol.level(10.0, 30.0) == 0  # waited beta x service: promoted to the top queue
+    _, dp = two_call_decision()
+    w0, w1 = (c.workflow for c in dp.calls)
+    w0.service = 2.0  # workflow 0 already got service: workflow 1 goes first
+    assert pol.pick(dp)[0] == 1
+    with pytest.raises(ValueError, match="increasing"):
+        Atlas(thresholds=(4.0, 1.0))
+
+
+def test_random_policy_is_valid_and_reproducible():
+    def run(seed):
+        sim, dp = two_call_decision()
+        pol = RandomPolicy(seed=seed)
+        pol.reset(sim)
+        picks = []
+        while not dp.done:
+            pick = pol.pick(dp)
+            dp.pick(*pick)  # raises if invalid
+            picks.append(pick)
+        return picks
+
+    assert run(3) == run(3)
+
+
+@pytest.mark.parametrize("name", ["hexagent", "fcfs", "wf-fcfs", "llf", "atlas", "random",
+                                  "fallback"])
+def test_every_policy_completes_a_small_episode(name):
+    wfs = [make_workflow([(300 + 50 * i, 20, 0.0, []), (200, 10, 0.1, [0]),
+                          (150, 5, 0.0, [0]), (100, 5, 0.0, [1, 2])], f"w{i}") for i in range(8)]
+    sim = Simulator(toy_cluster(prefill=(SLOW, FAST), decode=(SLOW, FAST)),
+                    EpisodeWorkload(tuple(wfs), np.linspace(0, 0.3, 8), np.arange(8)))
+    res = run_policy(sim, make_policy(name))
+    assert res.num_workflows == 8 and res.num_calls == 32
+    assert np.all(res.ratios > 0.99)  # nothing beats the standalone horizon by much
+    assert res.policy == name
