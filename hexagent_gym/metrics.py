@@ -62,6 +62,7 @@ class EpisodeResult:
         sim_seconds: simulated time at which the last call finished.
         wall_seconds: wall time of the whole episode (simulation + scheduling).
         policy: name of the policy that ran (informational).
+        invocation_seconds: wall time of each invocation (projections + policy picks).
     """
 
     ratios: np.ndarray
@@ -73,6 +74,7 @@ class EpisodeResult:
     sim_seconds: float
     wall_seconds: float
     policy: str = ""
+    invocation_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -95,7 +97,14 @@ class EpisodeResult:
 
     @property
     def scheduler_ms_per_invocation(self) -> float:
+        """Mean scheduler wall time per invocation, milliseconds."""
         return 1e3 * self.scheduler_seconds / self.invocations if self.invocations else 0.0
+
+    @property
+    def scheduler_ms_median(self) -> float:
+        """Median scheduler wall time per invocation, milliseconds."""
+        s = self.invocation_seconds
+        return 1e3 * float(np.median(s)) if len(s) else 0.0
 
     def to_dict(self, include_records: bool = True) -> dict[str, Any]:
         """JSON-ready summary; per-workflow ratios always included."""
@@ -110,6 +119,7 @@ class EpisodeResult:
             "decisions": self.decisions,
             "scheduler_seconds": self.scheduler_seconds,
             "scheduler_ms_per_invocation": self.scheduler_ms_per_invocation,
+            "scheduler_ms_median": self.scheduler_ms_median,
             "sim_seconds": self.sim_seconds,
             "wall_seconds": self.wall_seconds,
             "ratios": [float(x) for x in self.ratios],

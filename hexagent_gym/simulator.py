@@ -102,6 +102,7 @@ class Simulator:
         self.invocations = 0
         self.decisions_made = 0
         self.scheduler_seconds = 0.0
+        self.invocation_seconds: list[float] = []  # wall time of each invocation (policy + Ŝ)
         self._wall = 0.0
         self._reveal_seq = itertools.count()
         self._fifo_seq = itertools.count()
@@ -196,7 +197,7 @@ class Simulator:
         last = max((w.finish_t for w in self.workflows), default=0.0)
         return EpisodeResult(ratios, records, self.num_calls, self.invocations,
                              self.decisions_made, self.scheduler_seconds, last, self._wall,
-                             policy_name)
+                             policy_name, np.array(self.invocation_seconds))
 
     # -- set-up ---------------------------------------------------------------------------------
     def _draw_errors(self, level: float, rng: np.random.Generator | None) -> None:
@@ -416,6 +417,7 @@ class Simulator:
     def _close_decision(self, dp: DecisionPoint) -> None:
         spent = time.perf_counter() - dp.wall_start
         self.scheduler_seconds += spent
+        self.invocation_seconds.append(spent)
         self.decisions_made += len(dp.plan)
         latency = spent if self._latency == "measured" else float(self._latency)
         if latency <= 0.0:
