@@ -1,14 +1,25 @@
-"""Print the simulator's speed figures (docs/performance.md quotes this script's output).
+"""Print the simulator's speed figures and, with --ci, the small-trace quality check.
 
-Usage: python scripts/bench.py [--trace bfcl_v3] [--cluster hetero-1] [--num-workflows 400]
+Usage:
+    python scripts/bench.py                        # speed figures (docs/performance.md)
+    python scripts/bench.py --ci                   # + every policy on small fixed traces;
+                                                   #   exit 1 if HexAgent's Req99 regressed
+    python scripts/bench.py --ci --update-baseline # rewrite .ci/baseline.json
+Performance figures are printed, never asserted (CI machines are noisy).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
+from pathlib import Path
 
 from agents.benchmark import bench_policy
+from agents.regression import check, format_table, load_baseline, run_ci_cases, save_baseline
 from hexagent_gym.benchmark import bench_core
+
+BASELINE = Path(__file__).resolve().parent.parent / ".ci" / "baseline.json"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,12 +28,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster", default="hetero-1")
     parser.add_argument("--num-workflows", type=int, default=400)
     parser.add_argument("--load", type=float, default=0.8,
-                        help="prefill utilisation that sets the arrival rate (default 0.8)")
+                        help="prefill utilisation of the core speed run (default 0.8)")
     parser.add_argument("--policy-load", type=float, default=1.0,
                         help="load of the HexAgent planning-overhead run (default 1.0)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=3, help="best of N runs")
+    parser.add_argument("--ci", action="store_true", help="also run the small-trace check")
+    parser.add_argument("--update-baseline", action="store_true")
+    parser.add_argument("--tolerance", type=float, default=0.02,
+                        help="allowed relative rise of HexAgent's Req99 (default 0.02)")
     args = parser.parse_args(argv)
+
     core = bench_core(args.trace, args.cluster, args.num_workflows, args.load, args.seed,
                       args.repeat)
     print(f"core (fallback policy) on {core.cluster} / {core.trace}: {core.num_workflows} "
@@ -30,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
           f"(load {args.load})")
     print(f"  us per simulated call: {core.us_per_call:.1f} (horizons cached), "
           f"{core.us_per_call_cold:.1f} (including standalone horizons); budget 50")
-    print(f"  fallback Req99: {core.req99:.3f}")
     pol = bench_policy("hexagent", args.trace, args.cluster, args.num_workflows,
                        args.policy_load, args.seed)
     print(f"hexagent planning on {args.cluster} / {args.trace} at load {args.policy_load}: "
@@ -38,7 +53,29 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ms per invocation: mean {pol.ms_mean:.3f}, median {pol.ms_median:.3f}, "
           f"p99 {pol.ms_p99:.3f}; total {pol.scheduler_seconds:.2f} s; budget 0.5 ms; "
           f"Req99 {pol.req99:.3f}")
-    return 0
+    if importlib.util.find_spec("envs.benchmark") is not None:
+        from envs.benchmark import bench_env
+
+        env = bench_env(cluster=args.cluster, trace=args.trace, num_workflows=args.num_workflows,
+                        repeat=args.repeat)
+        print(f"env steps/s (random valid actions, K={env.k}) on {args.cluster} / "
+              f"{args.trace}: {env.steps_per_s:.0f} ({env.us_per_step:.1f} us/step); "
+              f"CartPole-v1 in the same run: {env.cartpole_steps_per_s:.0f}; budget 10000")
+
+    if not args.ci:
+        return 0
+    results = run_ci_cases(seed=args.seed)
+    print("\nsmall-trace check (seed %d):" % args.seed)
+    print(format_table(results))
+    if args.update_baseline:
+        save_baseline(BASELINE, results)
+        print(f"baseline written to {BASELINE}")
+        return 0
+    problems = check(results, load_baseline(BASELINE), args.tolerance)
+    for p in problems:
+        print(f"FAIL: {p}", file=sys.stderr)
+    print("quality check: " + ("FAILED" if problems else "ok"))
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
