@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.ci:
         return 0
     results = run_ci_cases(seed=args.seed)
-    print("\nsmall-trace check (seed %d):" % args.seed)
+    print(f"\nsmall-trace check (seed {args.seed}):")
     print(format_table(results))
     if args.update_baseline:
         save_baseline(BASELINE, results)
