@@ -1,12 +1,18 @@
 """HexAgent-Gym: simulate and schedule agentic LLM workflows on heterogeneous P-D clusters.
 
-The simulator core in this package imports no gymnasium, torch or stable-baselines3.
+The simulator core in this package imports no gymnasium, torch or stable-baselines3. The env
+(``hexagent_gym.make`` and the gymnasium id ``hexagent_gym/PDCluster-v0``) lives in the ``envs``
+package and loads lazily: the id is registered the moment gymnasium is imported, whether before or
+after this package, without this package importing gymnasium.
 """
+
+from typing import Any
 
 from hexagent_gym.arrivals import EpisodeWorkload, sample_episode
 from hexagent_gym.cluster import ClusterSpec, load_cluster
 from hexagent_gym.config import ConfigError
 from hexagent_gym.decisions import DecisionPoint, Stage
+from hexagent_gym.gym_hook import install_gymnasium_hook
 from hexagent_gym.horizon import HorizonCache
 from hexagent_gym.latency import LatencyModel
 from hexagent_gym.metrics import EpisodeResult, attainment, req
@@ -15,8 +21,24 @@ from hexagent_gym.workload import Trace, TraceError, load_trace
 
 __version__ = "0.1.0"
 
+
+def make(config: Any = None, **overrides: Any) -> Any:
+    """Build a ``PDClusterEnv`` (the env behind ``hexagent_gym/PDCluster-v0``).
+
+    Args:
+        config: experiment YAML path, shipped experiment name, mapping, or None (defaults).
+        **overrides: config keys that take precedence, e.g. ``cluster="tiny-2p2d"``,
+            ``num_workflows=8``, ``reward="attainment"``; see ``envs.pd_cluster_env``.
+    """
+    from envs.pd_cluster_env import PDClusterEnv
+
+    return PDClusterEnv(config, **overrides)
+
+
+install_gymnasium_hook()
+
 __all__ = [
     "ClusterSpec", "ConfigError", "DecisionPoint", "EpisodeResult", "EpisodeWorkload",
     "HorizonCache", "LatencyModel", "Simulator", "Stage", "Trace", "TraceError", "attainment",
-    "load_cluster", "load_trace", "req", "sample_episode",
+    "load_cluster", "load_trace", "make", "req", "sample_episode",
 ]

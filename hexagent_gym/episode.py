@@ -84,6 +84,9 @@ class EpisodeConfig:
 
 
 EPISODE_KEYS = tuple(f.name for f in fields(EpisodeConfig))
+# Descriptive and evaluation-grid keys an experiment file may carry besides the episode keys;
+# consumers that only simulate (the env) ignore them.
+EXPERIMENT_META_KEYS = ("name", "description", "grid", "report")
 
 
 def load_config(config: str | Path | Mapping[str, Any] | None = None,

@@ -134,6 +134,10 @@ class Simulator:
         """True when every workflow of the episode has finished."""
         return self._done_workflows == len(self.workload.workflows)
 
+    def num_waiting(self, stage: Stage) -> int:
+        """Calls currently waiting at ``stage`` (also those outside a decision's window)."""
+        return len(self._waiting_prefill if stage == Stage.PREFILL else self._waiting_decode)
+
     def run_until_decision(self) -> DecisionPoint | None:
         """Advance to the next decision point; None when the episode has drained.
 

@@ -170,3 +170,4 @@ def test_estimation_error_changes_estimates_not_service_times():
     assert c.prefill_end - c.prefill_start == pytest.approx(LM.prefill_time(1000), abs=1e-12)
     assert c.l_out_pred != 80 or c.dec_err != 1.0
     assert sim.result().ratios[0] == pytest.approx(1.0, abs=1e-9)
+

@@ -1,0 +1,82 @@
+"""Env speed: ``step``/s with a random valid policy, next to CartPole-v1 in the same run.
+
+``scripts/bench.py`` prints both; DESIGN §7 budgets ≥ 10k steps/s so SB3 PPO stays policy-bound.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from envs.pd_cluster_env import PDClusterEnv
+
+
+@dataclass(frozen=True)
+class EnvBench:
+    """Steps per second of PDClusterEnv and CartPole-v1 (best of ``repeat`` timed runs)."""
+
+    cluster: str
+    trace: str
+    num_workflows: int
+    k: int
+    steps: int  # env steps per timed run
+    episodes: int  # episodes started per timed run (resets included in the timing)
+    steps_per_s: float
+    cartpole_steps_per_s: float
+
+    @property
+    def us_per_step(self) -> float:
+        return 1e6 / self.steps_per_s
+
+
+def random_valid_steps(env: PDClusterEnv, steps: int, rng: np.random.Generator,
+                       seed: int = 0) -> int:
+    """Step ``env`` with uniformly random valid actions for ``steps`` steps (resetting at episode
+    ends); returns the number of episodes started."""
+    env.reset(seed=seed)
+    episodes = 1
+    for _ in range(steps):
+        valid = np.flatnonzero(env.action_masks())
+        _, _, terminated, truncated, _ = env.step(valid[rng.integers(len(valid))])
+        if terminated or truncated:
+            env.reset()
+            episodes += 1
+    return episodes
+
+
+def bench_cartpole(steps: int, rng: np.random.Generator) -> float:
+    """Steps per second of the raw CartPole-v1 env with random actions."""
+    env = gym.make("CartPole-v1").unwrapped
+    env.reset(seed=0)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        _, _, terminated, truncated, _ = env.step(int(rng.integers(2)))
+        if terminated or truncated:
+            env.reset()
+    return steps / (time.perf_counter() - t0)
+
+
+def bench_env(cluster: str = "hetero-1", trace: str = "bfcl_v3", num_workflows: int = 400,
+              steps: int = 20_000, repeat: int = 3, seed: int = 0, **overrides) -> EnvBench:
+    """Time PDClusterEnv (raw env, random valid actions from ``action_masks``) and CartPole-v1.
+
+    One warm-up episode fills the per-cluster horizon cache first (a training run's steady state).
+    """
+    env = PDClusterEnv(cluster=cluster, trace=trace, num_workflows=num_workflows, seed=seed,
+                       **overrides)
+    rng = np.random.default_rng(seed)
+    env.reset(seed=seed)
+    while True:  # warm-up episode
+        valid = np.flatnonzero(env.action_masks())
+        if env.step(valid[rng.integers(len(valid))])[2]:
+            break
+    best, episodes = 0.0, 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        episodes = random_valid_steps(env, steps, rng, seed)
+        best = max(best, steps / (time.perf_counter() - t0))
+    cart = max(bench_cartpole(steps, rng) for _ in range(repeat))
+    return EnvBench(cluster, trace, num_workflows, env.k, steps, episodes, best, cart)

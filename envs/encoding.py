@@ -1,0 +1,307 @@
+"""Fixed-shape observations, joint action masks and action decoding for PDClusterEnv.
+
+Everything here reads only scheduler-visible state: the decision point (its window of calls, Ŝ and
+the projections Δ), the live instances and the workflows' *estimated* horizons. True output lengths
+and true horizons never reach an observation.
+
+Shapes are fixed by ``K`` (call slots), ``P_max`` and ``D_max`` (instance slots); rows beyond the
+live window or the cluster are padding (``present = 0``, Δ = :data:`DELTA_MASKED`). The feature
+lists below are the spec; :class:`~envs.pd_cluster_env.PDClusterEnv` documents units and ranges.
+
+Cost notes: per-decision-point features (call lengths, ages, live instance state) are computed once
+when a decision point opens; each step only refreshes what a pick changes (Δ, picked flags, Ŝ's
+prefill free times and decode reservations). Observations are always fresh arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from gymnasium import spaces
+
+from hexagent_gym.decisions import Stage
+
+if TYPE_CHECKING:
+    from hexagent_gym.cluster import ClusterSpec
+    from hexagent_gym.decisions import DecisionPoint
+    from hexagent_gym.planner import ClusterTables
+    from hexagent_gym.simulator import Simulator
+
+CLIP = 100.0
+"""Upper bound of every normalised feature (times in ``time_scale`` units, ratios)."""
+DELTA_MASKED = -1.0
+"""Δ entry of an invalid (slot, p, d): empty or picked slot, padded instance, KV cannot fit, or not
+the call's locked pair at the decode stage. Valid entries are ≥ 0."""
+LOG_TOKENS = 10.0
+"""Token counts are encoded as ``log1p(tokens) / LOG_TOKENS`` (1e6 tokens ≈ 1.38)."""
+REF_PROMPT = 2048
+"""Prompt length (tokens) at which instance speeds are compared for ``rel_time``."""
+GPU_VOCAB = ("a100", "h100", "h200", "b200", "h20", "l40s")
+"""GPU types with a one-hot column; any other GPU sets the ``gpu_other`` column. Fixed for v0 so
+adding a GPU YAML does not change the observation shape."""
+
+_GPU_COLS = tuple(f"gpu_{g}" for g in GPU_VOCAB) + ("gpu_other",)
+
+CALL_FEATURES = (
+    "present", "picked", "age", "wait", "h_est", "age_over_h_est", "l_in", "l_out_pred",
+    "est_duration", "wf_done", "wf_service", "wf_open", "min_delta", "risk",
+)
+PREFILL_FEATURES = ("present", "free_in", "queue_len", "running", "rel_time") + _GPU_COLS
+DECODE_FEATURES = (
+    "present", "committed_kv", "committed_count", "batch", "waiting", "capacity", "max_batch",
+    "rel_time",
+) + _GPU_COLS
+GLOBAL_FEATURES = (
+    "stage", "now", "window", "unpicked", "beyond_window", "arrived", "finished", "in_system",
+    "picks",
+)
+
+# column indices used on the hot path
+_C = {name: i for i, name in enumerate(CALL_FEATURES)}
+_C_PICKED, _C_MIN, _C_RISK = _C["picked"], _C["min_delta"], _C["risk"]
+_P_FREE, _P_QUEUE, _P_RUNNING = (PREFILL_FEATURES.index(x)
+                                  for x in ("free_in", "queue_len", "running"))
+_D_KV, _D_COUNT, _D_BATCH, _D_WAITING = (DECODE_FEATURES.index(x) for x in (
+    "committed_kv", "committed_count", "batch", "waiting"))
+_G_UNPICKED, _G_PICKS = GLOBAL_FEATURES.index("unpicked"), GLOBAL_FEATURES.index("picks")
+
+
+def _tok(x: float) -> float:
+    return math.log1p(x) / LOG_TOKENS
+
+
+def _gpu_onehot(gpu: str) -> list[float]:
+    row = [0.0] * len(_GPU_COLS)
+    row[GPU_VOCAB.index(gpu) if gpu in GPU_VOCAB else len(GPU_VOCAB)] = 1.0
+    return row
+
+
+class MaskedDiscrete(spaces.Discrete):
+    """``Discrete(n)`` whose ``sample()`` without a mask draws uniformly from the currently valid
+    actions (as ``sample(mask=env.action_masks())``), so generic tools that sample random actions
+    (``check_env``, random-agent loops) exercise the env instead of hitting invalid actions.
+
+    ``contains``, equality, ``sample(mask=...)`` and pickling behave as ``Discrete``; a pickled
+    copy (e.g. in a SubprocVecEnv parent) has no mask source and samples like ``Discrete``.
+    """
+
+    def __init__(self, n: int, mask_source: Callable[[], np.ndarray] | None = None,
+                 seed: int | np.random.Generator | None = None) -> None:
+        super().__init__(n, seed=seed)
+        self.mask_source = mask_source
+
+    def sample(self, mask: np.ndarray | None = None,
+               probability: np.ndarray | None = None) -> np.int64:
+        if mask is None and probability is None and self.mask_source is not None:
+            valid = self.mask_source()
+            if valid.any():
+                return super().sample(mask=valid.view(np.int8))
+        return super().sample(mask=mask, probability=probability)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["mask_source"] = None  # a bound method of the env: not shipped across processes
+        return state
+
+    def __repr__(self) -> str:
+        return f"MaskedDiscrete({self.n})"
+
+
+class Encoder:
+    """Builds the observation and the joint action mask of a decision point.
+
+    Args:
+        cluster: the episode cluster (instance GPU types and speeds).
+        tables: its precomputed tables (speeds, capacities).
+        k: call slots K.
+        p_max: prefill instance slots (≥ the cluster's prefill count).
+        d_max: decode instance slots (≥ the cluster's decode count).
+        time_scale: seconds per unit of every time feature.
+    """
+
+    def __init__(self, cluster: ClusterSpec, tables: ClusterTables, k: int, p_max: int,
+                 d_max: int, time_scale: float) -> None:
+        self.k, self.p_max, self.d_max = k, p_max, d_max
+        self.num_prefill, self.num_decode = tables.num_prefill, tables.num_decode
+        self.inv_ts = 1.0 / time_scale
+        self.num_actions = k * p_max * d_max
+        self._pd = p_max * d_max
+        f32 = np.float32
+
+        def box(shape: tuple[int, ...], low: float) -> spaces.Box:
+            return spaces.Box(low=low, high=CLIP, shape=shape, dtype=f32)
+
+        self.observation_space = spaces.Dict({
+            "calls": box((k, len(CALL_FEATURES)), 0.0),
+            "delta": box((k, p_max, d_max), DELTA_MASKED),
+            "prefill": box((p_max, len(PREFILL_FEATURES)), 0.0),
+            "decode": box((d_max, len(DECODE_FEATURES)), 0.0),
+            "globals": box((len(GLOBAL_FEATURES),), 0.0),
+        })
+        # static instance features (present, speed, GPU type, capacity)
+        P, D = self.num_prefill, self.num_decode
+        pf_ref = np.asarray(tables.prefill_times(REF_PROMPT)[0])
+        self._prefill_static = np.zeros((p_max, len(PREFILL_FEATURES)), dtype=f32)
+        for i, spec in enumerate(cluster.prefill):
+            row = [1.0, 0.0, 0.0, 0.0, pf_ref[i] / pf_ref.min()] + _gpu_onehot(spec.gpu)
+            self._prefill_static[i] = row
+        dec_ref = tables.dec_base[:, 1] + tables.dec_slope[:, 1] * REF_PROMPT
+        self._decode_static = np.zeros((d_max, len(DECODE_FEATURES)), dtype=f32)
+        for i, spec in enumerate(cluster.decode):
+            row = [1.0, 0.0, 0.0, 0.0, 0.0, _tok(spec.kv_capacity_tokens),
+                   _tok(spec.max_batch_size), dec_ref[i] / dec_ref.min()] + _gpu_onehot(spec.gpu)
+            self._decode_static[i] = row
+        np.minimum(self._prefill_static, CLIP, out=self._prefill_static)
+        np.minimum(self._decode_static, CLIP, out=self._decode_static)
+        self._capacity = tables.capacity.copy()
+        self._max_batch = tables.max_batch.astype(np.float64)
+        self._padded = p_max != P or d_max != D
+        self._pd_live = P * D
+        self._calls_empty = np.zeros((k, len(CALL_FEATURES)), dtype=f32)
+        self._grid_empty = np.full((k, p_max, d_max), DELTA_MASKED, dtype=f32)
+        # per-decision-point caches, filled by begin()
+        self._dp: DecisionPoint | None = None
+        self._calls = self._calls_empty.copy()
+        self._prefill = self._prefill_static.copy()
+        self._decode = self._decode_static.copy()
+        self._globals = np.zeros(len(GLOBAL_FEATURES), dtype=f32)
+        self._age = np.zeros(0)
+        self._h_est = np.zeros(0)
+
+    # -- actions --------------------------------------------------------------------------------
+    def decode_action(self, action: int) -> tuple[int, int, int]:
+        """Action index → (call slot, prefill instance, decode instance)."""
+        slot, rest = divmod(action, self._pd)
+        p, d = divmod(rest, self.d_max)
+        return slot, p, d
+
+    def encode_action(self, slot: int, p: int, d: int) -> int:
+        """(call slot, prefill instance, decode instance) → action index."""
+        if not (0 <= slot < self.k and 0 <= p < self.p_max and 0 <= d < self.d_max):
+            raise ValueError(f"(slot={slot}, p={p}, d={d}) is outside the action grid "
+                             f"K={self.k} × P_max={self.p_max} × D_max={self.d_max}")
+        return (slot * self.p_max + p) * self.d_max + d
+
+    # -- observations ---------------------------------------------------------------------------
+    def begin(self, sim: Simulator, dp: DecisionPoint, num_workflows: int) -> None:
+        """Compute the features that stay fixed while the decision point is being picked."""
+        self._dp = dp
+        now = dp.now
+        inv = self.inv_ts
+        calls = dp.calls
+        n = len(calls)
+        decode_stage = dp.stage == Stage.DECODE
+        rows = []
+        age = []
+        h_est = []
+        for c in calls:
+            wf = c.workflow
+            a = now - wf.arrival
+            h = wf.h_est
+            age.append(a)
+            h_est.append(h if h > 0.0 else 1e-9)  # the core's H_w(t) is > 0; guard the division
+            entered = c.transfer_end if decode_stage else c.reveal_t
+            rows.append((
+                1.0, 0.0, a * inv, (now - entered) * inv, h * inv, a / h if h > 0.0 else 0.0,
+                _tok(c.l_in), _tok(c.l_out_pred), c.est_duration * inv, math.log1p(wf.num_done),
+                wf.service * inv, math.log1p(len(wf.open_calls)), CLIP, CLIP,
+            ))
+        table = self._calls_empty.copy()
+        if n:
+            block = table[:n]
+            block[:] = rows
+            np.minimum(block, CLIP, out=block)
+        self._calls = table
+        self._age = np.array(age)
+        self._h_est = np.array(h_est)
+
+        P, D = self.num_prefill, self.num_decode
+        pre = self._prefill_static.copy()
+        pre[:P, _P_QUEUE] = [math.log1p(len(inst.queue)) for inst in sim.prefill]
+        pre[:P, _P_RUNNING] = [inst.running is not None for inst in sim.prefill]
+        self._prefill = pre
+        dec = self._decode_static.copy()
+        dec_inst = sim.decode
+        dec[:D, _D_BATCH] = [len(inst.batch) / inst.max_batch for inst in dec_inst]
+        dec[:D, _D_WAITING] = [math.log1p(len(inst.waiting)) for inst in dec_inst]
+        self._decode = dec
+
+        arrived = len(sim.workflows)
+        finished = len(sim.finished)
+        self._globals = np.array(
+            (float(dp.stage), min(now * inv, CLIP), n / self.k, 0.0,
+             math.log1p(max(sim.num_waiting(dp.stage) - n, 0)), arrived / num_workflows,
+             finished / num_workflows, math.log1p(arrived - finished), 0.0), dtype=np.float32)
+
+    def observe(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Observation and flat joint mask (bool, length K·P_max·D_max) of the open decision
+        point under the current Ŝ (call :meth:`begin` first).
+
+        This runs on every step: a fixed, small number of numpy calls, no per-slot Python."""
+        dp = self._dp
+        assert dp is not None, "begin() must run before observe()"
+        P, D, pd = self.num_prefill, self.num_decode, self._pd_live
+        inv = self.inv_ts
+        delta = dp.delta  # (n, P, D) seconds from now, inf = invalid; the core's cached array
+        n = delta.shape[0]
+        flat = delta.reshape(n, pd)
+        fin = np.isfinite(flat)
+        scaled = flat * inv
+        np.minimum(scaled, CLIP, out=scaled)
+        best = flat.min(axis=1)  # inf when the slot has no valid pair (picked)
+
+        calls = self._calls.copy()
+        calls[:n, _C_PICKED] = dp.picked
+        bs = best * inv
+        np.minimum(bs, CLIP, out=bs)
+        calls[:n, _C_MIN] = bs
+        risk = self._age + best
+        risk /= self._h_est
+        np.minimum(risk, CLIP, out=risk)
+        calls[:n, _C_RISK] = risk
+
+        state = dp.state
+        pre = self._prefill.copy()
+        free = state.free - dp.now  # Ŝ free times are >= now
+        free *= inv
+        np.minimum(free, CLIP, out=free)
+        pre[:P, _P_FREE] = free
+        dec = self._decode.copy()
+        kv = state.dec_tokens / self._capacity
+        np.minimum(kv, CLIP, out=kv)
+        dec[:D, _D_KV] = kv
+        count = state.dec_count / self._max_batch
+        np.minimum(count, CLIP, out=count)
+        dec[:D, _D_COUNT] = count
+        glob = self._globals.copy()
+        picks = len(dp.plan)
+        glob[_G_UNPICKED] = (n - picks) / self.k
+        glob[_G_PICKS] = picks / self.k
+
+        grid = self._grid_empty.copy()
+        mask = np.zeros(self.num_actions, dtype=bool)
+        if self._padded:
+            grid[:n, :P, :D] = np.where(fin, scaled, DELTA_MASKED).reshape(n, P, D)
+            mask.reshape(self.k, self.p_max, self.d_max)[:n, :P, :D] = fin.reshape(n, P, D)
+        else:
+            grid.reshape(self.k, pd)[:n] = np.where(fin, scaled, DELTA_MASKED)
+            mask[:n * pd] = fin.reshape(-1)
+        obs = {"calls": calls, "delta": grid, "prefill": pre, "decode": dec, "globals": glob}
+        return obs, mask
+
+    def empty(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Observation after the episode drained: no calls, instances idle, nothing valid."""
+        glob = np.zeros(len(GLOBAL_FEATURES), dtype=np.float32)
+        glob[GLOBAL_FEATURES.index("arrived")] = 1.0
+        glob[GLOBAL_FEATURES.index("finished")] = 1.0
+        obs = {
+            "calls": np.zeros((self.k, len(CALL_FEATURES)), dtype=np.float32),
+            "delta": np.full((self.k, self.p_max, self.d_max), DELTA_MASKED, dtype=np.float32),
+            "prefill": self._prefill_static.copy(),
+            "decode": self._decode_static.copy(),
+            "globals": glob,
+        }
+        return obs, np.zeros(self.num_actions, dtype=bool)

@@ -1,0 +1,172 @@
+"""Run one whole episode with a policy (name, policy object or SB3 model) and collect metrics.
+
+Heuristics (registered names and objects with ``pick(dp)``) run on the bare simulator via
+:func:`hexagent_gym.policy.run_policy`, built exactly as ``env.reset(seed=seed)`` builds it (same
+episode seed, same window K): no observation encoding, so they run at core speed, and a test
+checks that stepping the env with the same picks gives identical ratios. Models (objects with
+``predict``) need observations, so they run through the env.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hexagent_gym.metrics import EpisodeResult
+from hexagent_gym.policy import make_policy, run_policy
+
+if TYPE_CHECKING:
+    from envs.pd_cluster_env import PDClusterEnv
+
+
+@dataclass
+class RolloutResult:
+    """Metrics of one episode run by :func:`rollout`.
+
+    Attributes:
+        episode: the simulator's :class:`~hexagent_gym.metrics.EpisodeResult` (ratios, records,
+            counts, timings); the properties below forward to it.
+        seed: the reset seed (None resolved to the config's seed).
+        episode_seed: the simulator seed derived from it (``EpisodeFactory.simulator(seed)``).
+        total_reward: return under the env's reward. For heuristics it is computed from the final
+            ratios (exact for rewards that add up per workflow, as every built-in one does).
+        steps: env steps (= picks) taken.
+    """
+
+    episode: EpisodeResult
+    seed: int
+    episode_seed: int
+    total_reward: float
+    steps: int
+
+    @property
+    def policy(self) -> str:
+        return self.episode.policy
+
+    @property
+    def ratios(self) -> np.ndarray:
+        """C_w / H_w per workflow, in arrival order."""
+        return self.episode.ratios
+
+    @property
+    def req95(self) -> float:
+        return self.episode.req95
+
+    @property
+    def req99(self) -> float:
+        return self.episode.req99
+
+    def req(self, tau: float) -> float:
+        return self.episode.req(tau)
+
+    def attainment(self, alpha: float | np.ndarray) -> float | np.ndarray:
+        """Fraction of workflows with C_w ≤ α·H_w."""
+        return self.episode.attainment(alpha)
+
+    @property
+    def num_workflows(self) -> int:
+        return self.episode.num_workflows
+
+    @property
+    def num_calls(self) -> int:
+        return self.episode.num_calls
+
+    @property
+    def invocations(self) -> int:
+        return self.episode.invocations
+
+    @property
+    def decisions(self) -> int:
+        return self.episode.decisions
+
+    @property
+    def scheduler_seconds(self) -> float:
+        """Wall time from each decision point's opening to its plan (includes, for models, the
+        observation encoding and ``predict``)."""
+        return self.episode.scheduler_seconds
+
+    @property
+    def sim_seconds(self) -> float:
+        return self.episode.sim_seconds
+
+    @property
+    def wall_seconds(self) -> float:
+        return self.episode.wall_seconds
+
+    def to_dict(self, include_records: bool = False) -> dict[str, Any]:
+        """JSON-ready summary (the EpisodeResult's, plus seeds, return and steps)."""
+        out = self.episode.to_dict(include_records=include_records)
+        out.update(seed=self.seed, episode_seed=self.episode_seed,
+                   total_reward=self.total_reward, steps=self.steps)
+        return out
+
+
+def rollout(env: PDClusterEnv, policy: Any, seed: int | None = None,
+            deterministic: bool = True) -> RolloutResult:
+    """Run one episode of ``env``'s configuration with ``policy``; see :meth:`PDClusterEnv.rollout`.
+
+    Raises:
+        TypeError: ``policy`` is neither a name, nor has ``pick`` or ``predict``.
+        ValueError: unknown policy name, or a model without masks chose an invalid action.
+    """
+    env = env.unwrapped
+    seed = env.default_seed if seed is None else int(seed)
+    if isinstance(policy, str):
+        policy = make_policy(policy)
+    if hasattr(policy, "pick"):
+        return _run_heuristic(env, policy, seed)
+    if hasattr(policy, "predict"):
+        return _run_model(env, policy, seed, deterministic)
+    raise TypeError(f"cannot roll out {type(policy).__name__}: expected a registered policy name, "
+                    "an object with pick(dp) or a model with predict(obs)")
+
+
+def _run_heuristic(env: PDClusterEnv, policy: Any, seed: int) -> RolloutResult:
+    episode_seed = env.episode_seed_for(seed)
+    sim = env.factory.simulator(episode_seed)
+    result = run_policy(sim, policy)
+    reward = env.reward_fn
+    reward.reset(result.num_workflows)
+    ratios = result.ratios
+    total = reward.completions([float(r) for r in ratios]) + reward.terminal(ratios)
+    return RolloutResult(result, seed, episode_seed, float(total), result.decisions)
+
+
+def _run_model(env: PDClusterEnv, model: Any, seed: int, deterministic: bool) -> RolloutResult:
+    try:
+        maskable = "action_masks" in inspect.signature(model.predict).parameters
+    except (TypeError, ValueError):
+        maskable = False
+    name = getattr(model, "name", None) or type(model).__name__
+    cap = env._step_cap
+    env._step_cap = None  # a rollout runs the whole episode
+    try:
+        obs, info = env.reset(seed=seed)
+        total = 0.0
+        steps = 0
+        while True:
+            mask = env.action_masks()
+            if maskable:
+                action, _ = model.predict(obs, action_masks=mask, deterministic=deterministic)
+            else:
+                action, _ = model.predict(obs, deterministic=deterministic)
+            a = int(np.asarray(action).reshape(-1)[0])
+            if not (0 <= a < len(mask) and mask[a]):
+                slot, p, d = env.decode_action(a) if 0 <= a < len(mask) else (-1, -1, -1)
+                why = (" despite the action mask" if maskable else
+                       "; its predict() takes no action_masks, so it cannot avoid invalid "
+                       "actions: train it with sb3_contrib MaskablePPO or wrap it to mask")
+                raise ValueError(f"{name} chose invalid action {a} (slot {slot}, prefill {p}, "
+                                 f"decode {d}) at step {steps}{why}")
+            obs, reward, terminated, truncated, info = env.step(a)
+            total += reward
+            steps += 1
+            if terminated:
+                break
+    finally:
+        env._step_cap = cap
+    result = env.simulator.result(name)
+    return RolloutResult(result, seed, info["episode_seed"], total, steps)
