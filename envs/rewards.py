@@ -29,8 +29,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from hexagent_gym.config import ConfigError, suggest
+from hexagent_gym.config import ConfigError
 from hexagent_gym.metrics import req
+from hexagent_gym.registry import Registry
 
 
 @runtime_checkable
@@ -110,7 +111,7 @@ class MeanRatioReward:
 
 
 RewardFactory = Callable[..., Reward]
-_REWARDS: dict[str, RewardFactory] = {}
+_REWARDS = Registry("reward", error=ConfigError)
 
 
 def register_reward(name: str, factory: RewardFactory) -> None:
@@ -119,15 +120,12 @@ def register_reward(name: str, factory: RewardFactory) -> None:
     Raises:
         ValueError: the name is taken.
     """
-    key = name.lower()
-    if key in _REWARDS:
-        raise ValueError(f"a reward named '{key}' is already registered")
-    _REWARDS[key] = factory
+    _REWARDS.register(name, factory)
 
 
 def reward_names() -> list[str]:
     """Registered reward names, sorted."""
-    return sorted(_REWARDS)
+    return _REWARDS.names()
 
 
 def make_reward(name: str, alpha: float, **kwargs: Any) -> Reward:
@@ -137,16 +135,12 @@ def make_reward(name: str, alpha: float, **kwargs: Any) -> Reward:
         ConfigError: unknown name (the message lists the known ones and the closest match), or
             keyword arguments the reward does not take.
     """
-    key = str(name).lower()
-    factory = _REWARDS.get(key)
-    if factory is None:
-        known = reward_names()
-        raise ConfigError(f"unknown reward '{name}'; known rewards: {', '.join(known)}."
-                          f"{suggest(key, known)}")
+    factory = _REWARDS.factory(name)
     try:
         reward = factory(alpha=alpha, **kwargs)
     except TypeError as exc:
-        raise ConfigError(f"reward '{key}' does not accept reward_kwargs {kwargs}: {exc}") from None
+        raise ConfigError(f"reward '{str(name).lower()}' does not accept reward_kwargs "
+                          f"{kwargs}: {exc}") from None
     return reward
 
 

@@ -119,6 +119,20 @@ class Workflow:
         self.h_est = h
 
 
+def head_index(queue: list[Call]) -> int:
+    """Index of the call with the smallest ``queue_key`` (first on ties): the queue's head.
+
+    Queues are short and re-ranked by every plan, so a scan beats keeping them sorted.
+    """
+    best = 0
+    best_key = queue[0].queue_key
+    for i in range(1, len(queue)):
+        k = queue[i].queue_key
+        if k < best_key:
+            best, best_key = i, k
+    return best
+
+
 class PrefillInstance:
     """Single-server prefill: one call at a time, a local queue ordered by ``Call.queue_key``."""
 
@@ -135,14 +149,7 @@ class PrefillInstance:
 
     def pop_next(self) -> Call:
         """Remove and return the queued call with the smallest key."""
-        q = self.queue
-        best = 0
-        best_key = q[0].queue_key
-        for i in range(1, len(q)):
-            k = q[i].queue_key
-            if k < best_key:
-                best, best_key = i, k
-        return q.pop(best)
+        return self.queue.pop(head_index(self.queue))
 
 
 class DecodeInstance:

@@ -8,11 +8,10 @@ the agents layer at import time.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from hexagent_gym.config import suggest
+from hexagent_gym.registry import Registry
 
 if TYPE_CHECKING:
     from hexagent_gym.decisions import DecisionPoint
@@ -33,7 +32,7 @@ class Policy(Protocol):
         """Return (call slot, prefill instance, decode instance) for the next-ranked call."""
 
 
-_REGISTRY: dict[str, str | Callable[..., Policy]] = {}
+_POLICIES = Registry("policy")
 
 
 def register_policy(name: str, entry_point: str | Callable[..., Policy]) -> None:
@@ -42,15 +41,12 @@ def register_policy(name: str, entry_point: str | Callable[..., Policy]) -> None
     Raises:
         ValueError: the name is taken (re-registering silently would hide typos and clashes).
     """
-    key = name.lower()
-    if key in _REGISTRY:
-        raise ValueError(f"a policy named '{key}' is already registered")
-    _REGISTRY[key] = entry_point
+    _POLICIES.register(name, entry_point)
 
 
 def policy_names() -> list[str]:
     """Registered policy names, sorted."""
-    return sorted(_REGISTRY)
+    return _POLICIES.names()
 
 
 def make_policy(name: str, **kwargs: Any) -> Policy:
@@ -59,16 +55,7 @@ def make_policy(name: str, **kwargs: Any) -> Policy:
     Raises:
         ValueError: unknown name; the message lists the known ones and the closest match.
     """
-    key = name.lower()
-    entry = _REGISTRY.get(key)
-    if entry is None:
-        known = policy_names()
-        raise ValueError(f"unknown policy '{name}'; known policies: {', '.join(known)}."
-                         f"{suggest(key, known)}")
-    if isinstance(entry, str):
-        module, _, attr = entry.partition(":")
-        entry = getattr(importlib.import_module(module), attr)
-    return entry(**kwargs)
+    return _POLICIES.factory(name)(**kwargs)
 
 
 def run_policy(sim: Simulator, policy: Policy) -> EpisodeResult:

@@ -31,6 +31,7 @@ from hexagent_gym.entities import (
     DecodeInstance,
     PrefillInstance,
     Workflow,
+    head_index,
 )
 from hexagent_gym.events import EventQueue, Phase
 from hexagent_gym.horizon import HorizonCache
@@ -376,12 +377,7 @@ class Simulator:
         waiting = inst.waiting
         admitted = False
         while waiting and len(inst.batch) < inst.max_batch:
-            best = 0
-            best_key = waiting[0].queue_key
-            for i in range(1, len(waiting)):
-                k = waiting[i].queue_key
-                if k < best_key:
-                    best, best_key = i, k
+            best = head_index(waiting)
             call = waiting[best]
             if inst.used_kv + call.kv_true > inst.capacity:
                 break  # strict queue order: no smaller call overtakes the head
