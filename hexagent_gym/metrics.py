@@ -60,7 +60,8 @@ class EpisodeResult:
         decisions: picks made by the policy over all invocations.
         scheduler_seconds: wall time spent building projections and picking.
         sim_seconds: simulated time at which the last call finished.
-        wall_seconds: wall time of the whole episode (simulation + scheduling).
+        wall_seconds: wall time inside ``run_until_decision`` (the event loop, including
+            building decision points), without the policy's picks between them.
         policy: name of the policy that ran (informational).
         invocation_seconds: wall time of each invocation (projections + policy picks).
     """
