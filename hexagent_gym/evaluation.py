@@ -16,11 +16,14 @@ baselines. ``hexagent_gym.plots`` draws the attainment curves and load sweeps.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import math
 import time
+import traceback
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -173,16 +176,106 @@ def run_cell(cell: Cell, factory: EpisodeFactory | None = None, *,
     return record
 
 
-def run_cells(cells: Sequence[Cell], timing: bool = True) -> list[dict[str, Any]]:
-    """Run cells in order, sharing one factory among consecutive cells with equal configs.
+@dataclass(frozen=True)
+class CellFailure:
+    """A cell that raised instead of returning a record: its parameters and its error.
 
-    A picklable unit of work for process pools and remote backends.
+    Attributes:
+        key: the cell's key (:attr:`Cell.key`).
+        cell: the cell's parameters (:attr:`Cell.params`), JSON-ready.
+        description: one-line summary of the cell (:meth:`Cell.describe`).
+        error: ``"ExceptionType: message"``.
+        traceback: the formatted traceback (from the process that ran the cell).
     """
-    out, factory = [], None
+
+    key: str
+    cell: dict[str, Any]
+    description: str
+    error: str
+    traceback: str = ""
+
+    @classmethod
+    def of(cls, cell: Cell, exc: BaseException, tb: str | None = None) -> CellFailure:
+        if tb is None:
+            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(cell.key, cell.params, cell.describe(), _error_text(exc), tb)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def format(self) -> str:
+        """Three lines: the cell, its parameters as JSON, the error."""
+        params = json.dumps(self.cell, sort_keys=True, separators=(", ", ": "))
+        return (f"FAILED {self.description} [key {self.key}]\n"
+                f"  params: {params}\n"
+                f"  error: {self.error}")
+
+
+class CellError(RuntimeError):
+    """Raised by :func:`evaluate` with ``fail_fast=True`` when a cell fails remotely."""
+
+    def __init__(self, failure: CellFailure) -> None:
+        super().__init__(failure.format() + "\n" + failure.traceback)
+        self.failure = failure
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class FactoryCache:
+    """A small LRU of :class:`EpisodeFactory` objects by ``Cell.factory_config``.
+
+    A worker process that runs cells of several factories in turn (a process pool, a Ray
+    worker) keeps one of these so that a factory's caches outlive a single unit of work.
+    """
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = max(1, size)
+        self._items: OrderedDict[EpisodeConfig, EpisodeFactory] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, config: EpisodeConfig) -> EpisodeFactory:
+        factory = self._items.get(config)
+        if factory is not None:
+            self._items.move_to_end(config)
+            self.hits += 1
+            return factory
+        self.misses += 1
+        factory = self._items[config] = EpisodeFactory(config)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+        return factory
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def run_cells(cells: Sequence[Cell], timing: bool = True, *,
+              factories: FactoryCache | None = None,
+              catch: bool = False) -> list[dict[str, Any] | CellFailure]:
+    """Run cells in order, sharing one factory among cells with equal configs.
+
+    The picklable unit of work of the process-pool and Ray backends.
+
+    Args:
+        cells: the cells, best ordered so that cells sharing a factory are adjacent.
+        timing: see :func:`run_cell`.
+        factories: a factory cache to draw from (a fresh one-entry cache when None).
+        catch: put a :class:`CellFailure` in the place of a cell that raises (an ``Exception``)
+            and go on with the others; without it the first error propagates.
+    """
+    if factories is None:  # (not `or`: an empty cache is falsy)
+        factories = FactoryCache(1)
+    out: list[dict[str, Any] | CellFailure] = []
     for cell in cells:
-        if factory is None or factory.config != cell.factory_config:
-            factory = EpisodeFactory(cell.factory_config)
-        out.append(run_cell(cell, factory, timing=timing))
+        try:
+            out.append(run_cell(cell, factories.get(cell.factory_config), timing=timing))
+        except Exception as exc:
+            if not catch:
+                raise
+            out.append(CellFailure.of(cell, exc))
     return out
 
 
@@ -547,17 +640,29 @@ def _jsonable(v: Any) -> Any:
 
 CELLS_FILE = "cells.jsonl"
 RESULTS_FILE = "results.json"
+FAILURES_FILE = "failures.jsonl"
+BACKENDS = ("local", "ray")
+"""``local``: this process, or a process pool with ``workers > 1``; ``ray``: Ray tasks
+(:mod:`hexagent_gym.distributed`, needs ``pip install "hexagent-gym[distributed]"``)."""
 
 
 @dataclass
 class Evaluation:
-    """Records of an experiment's cells, in grid order, plus how many were (re)computed."""
+    """Records of an experiment's finished cells, in grid order, plus how many were
+    (re)computed and the cells that failed (:class:`CellFailure`, absent from ``records``)."""
 
     experiment: Experiment
     records: list[dict[str, Any]]
     computed: int = 0
     reused: int = 0
     wall_seconds: float = 0.0
+    failures: list[CellFailure] = field(default_factory=list)
+    backend: str = "local"
+
+    @property
+    def complete(self) -> bool:
+        """True when every cell of the grid has a record (no failures)."""
+        return not self.failures
 
     def summary(self) -> list[Row]:
         return summarize(self.records, self.experiment.report)
@@ -587,22 +692,63 @@ def read_cells(path: str | Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def format_failures(failures: Sequence[CellFailure], total: int | None = None) -> str:
+    """The failure report: a header line, then each failed cell's parameters and error."""
+    of = f" of {total}" if total is not None else ""
+    lines = [f"{len(failures)}{of} cells failed; the other cells' records are kept. Run again "
+             f"with --resume (resume=True) to retry only these:"]
+    lines += [f.format() for f in failures]
+    return "\n".join(lines)
+
+
 def evaluate(experiment: Experiment, out_dir: str | Path | None = None, *, resume: bool = False,
-             workers: int = 1, progress: bool = True, timing: bool = True) -> Evaluation:
+             workers: int | None = None, progress: bool = True, timing: bool = True,
+             backend: str = "local", address: str | None = None,
+             chunk_size: int | None = None, fail_fast: bool = False,
+             on_record: Callable[[dict[str, Any]], None] | None = None,
+             ray_init: Mapping[str, Any] | None = None) -> Evaluation:
     """Run an experiment's cells and collect their records.
+
+    Every backend gives the same records (apart from the wall-clock ``timing`` blocks): a cell's
+    record is a function of the cell only, and records are returned in grid order whatever the
+    order they finish in.
 
     Args:
         experiment: the experiment (:func:`load_experiment`).
-        out_dir: where ``cells.jsonl`` grows one line per finished cell (None: keep in memory).
+        out_dir: where ``cells.jsonl`` grows one line per finished cell, flushed as it finishes
+            (None: keep in memory). Failed cells go to ``failures.jsonl`` (parameters, error,
+            traceback).
         resume: keep the finished cells already in ``out_dir/cells.jsonl`` and run only the
-            rest; without it the file is started afresh.
-        workers: processes to run cells in (1 = this process). Cells sharing a factory go to the
-            same worker.
+            rest (failed cells included); without it the file is started afresh.
+        workers: ``local``: processes to run cells in (None or 1 = this process; cells sharing a
+            factory go to the same worker). ``ray`` without ``address``: CPUs of the local Ray
+            instance started here (None: every core).
         progress: show a tqdm progress bar over cells.
         timing: record wall-clock timings (see :func:`run_cell`).
+        backend: one of :data:`BACKENDS`.
+        address: ``ray`` only: join this running Ray cluster (``HOST:6379``, ``auto``,
+            ``ray://HOST:10001``) instead of starting a local instance.
+        chunk_size: ``ray`` only: cells per Ray task, cut from the cells of one factory (0:
+            whole factory groups; None: whole groups unless there are fewer than two per
+            cluster CPU, :func:`hexagent_gym.distributed.auto_chunk_size`).
+        fail_fast: stop at the first failing cell (``local`` serial: its exception propagates;
+            otherwise :class:`CellError`). Without it a failing cell becomes a
+            :class:`CellFailure` in ``Evaluation.failures`` and the other cells run on.
+        on_record: called with each finished record right after it is written.
+        ray_init: extra keyword arguments for ``ray.init`` (e.g. ``runtime_env``).
     """
     from tqdm.auto import tqdm
 
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if backend != "ray" and (address is not None or ray_init):
+        raise ValueError("address and ray_init apply to backend='ray' only")
+    if backend == "ray":  # fail before touching cells.jsonl
+        from hexagent_gym.distributed import check_reachable, require_ray
+
+        require_ray()
+        if address:
+            check_reachable(address)
     start = time.perf_counter()
     cells = experiment.cells()
     keys = [c.key for c in cells]
@@ -611,6 +757,7 @@ def evaluate(experiment: Experiment, out_dir: str | Path | None = None, *, resum
                           f"policy, seed, load or variant?)")
     done: dict[str, dict[str, Any]] = {}
     sink = None
+    failures_path = None
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -623,8 +770,11 @@ def evaluate(experiment: Experiment, out_dir: str | Path | None = None, *, resum
         else:
             path.write_text("", encoding="utf-8")
         sink = path.open("a", encoding="utf-8")
+        failures_path = out / FAILURES_FILE
+        failures_path.unlink(missing_ok=True)  # this run retries every cell that failed before
     todo = [c for c in cells if c.key not in done]
     reused = len(cells) - len(todo)
+    failures: list[CellFailure] = []
     bar = tqdm(total=len(todo), disable=not progress, unit="cell", dynamic_ncols=True)
     try:
         def finish(rec: dict[str, Any]) -> None:
@@ -633,29 +783,71 @@ def evaluate(experiment: Experiment, out_dir: str | Path | None = None, *, resum
                 sink.write(json.dumps(rec, separators=(",", ":")) + "\n")
                 sink.flush()
             bar.update(1)
+            if on_record is not None:
+                on_record(rec)
+
+        def fail(failure: CellFailure) -> None:
+            failures.append(failure)
+            if failures_path is not None:
+                with failures_path.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(failure.to_dict(), separators=(",", ":")) + "\n")
+            bar.set_description_str(f"{len(failures)} failed", refresh=False)
+            bar.update(1)
+            if fail_fast:
+                raise CellError(failure)
 
         groups = list(_groups(todo))
-        if workers <= 1:
-            factory = None
-            for group in groups:
-                for cell in group:
-                    bar.set_postfix_str(cell.describe(), refresh=False)
-                    if factory is None or factory.config != cell.factory_config:
-                        factory = EpisodeFactory(cell.factory_config)
-                    finish(run_cell(cell, factory, timing=timing))
+        workers_n = 1 if workers is None else workers
+        if backend == "ray":
+            from hexagent_gym.distributed import ray_outcomes
+
+            outcomes: Iterator[dict[str, Any] | CellFailure] = ray_outcomes(
+                groups, timing=timing, address=address, num_cpus=workers,
+                chunk_size=chunk_size, init_kwargs=ray_init)
+        elif workers_n <= 1:
+            outcomes = _serial_outcomes(groups, timing, catch=not fail_fast, bar=bar)
         else:
-            with ProcessPoolExecutor(max_workers=workers) as pool:
-                futures = [pool.submit(run_cells, g, timing) for g in groups]
-                for fut in as_completed(futures):
-                    for rec in fut.result():
-                        finish(rec)
+            outcomes = _pool_outcomes(groups, timing, workers_n)
+        with contextlib.closing(outcomes):
+            for outcome in outcomes:
+                if isinstance(outcome, CellFailure):
+                    fail(outcome)
+                else:
+                    finish(outcome)
     finally:
         bar.close()
         if sink is not None:
             sink.close()
-    records = [done[k] for k in keys]
-    return Evaluation(experiment, records, computed=len(todo), reused=reused,
-                      wall_seconds=time.perf_counter() - start)
+    records = [done[k] for k in keys if k in done]
+    order = {k: i for i, k in enumerate(keys)}
+    failures.sort(key=lambda f: order[f.key])
+    return Evaluation(experiment, records, computed=len(todo) - len(failures), reused=reused,
+                      wall_seconds=time.perf_counter() - start, failures=failures,
+                      backend=backend)
+
+
+def _serial_outcomes(groups: Sequence[list[Cell]], timing: bool, *, catch: bool,
+                     bar: Any) -> Iterator[dict[str, Any] | CellFailure]:
+    cache = FactoryCache(1)
+    for group in groups:
+        for cell in group:
+            bar.set_postfix_str(cell.describe(), refresh=False)
+            yield from run_cells([cell], timing, factories=cache, catch=catch)
+
+
+def _pool_outcomes(groups: Sequence[list[Cell]], timing: bool,
+                   workers: int) -> Iterator[dict[str, Any] | CellFailure]:
+    pool = ProcessPoolExecutor(max_workers=workers)
+    futures = {pool.submit(run_cells, g, timing, catch=True): g for g in groups}
+    try:
+        for fut in as_completed(futures):
+            try:
+                outs = fut.result()
+            except Exception as exc:  # the worker died (BrokenProcessPool) or did not unpickle
+                outs = [CellFailure.of(c, exc) for c in futures[fut]]
+            yield from outs
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _groups(cells: Iterable[Cell]) -> Iterator[list[Cell]]:
@@ -970,6 +1162,10 @@ def report_text(evaluation: Evaluation) -> str:
     ci = "mean ± 95% CI (Student t) over seeds" if len(seeds) > 1 else "one seed"
     parts.append(f"Seeds: {', '.join(map(str, seeds))} ({ci}). ρ = offered prefill load "
                  f"(hexagent_gym.load), λ = arrival rate.")
+    if evaluation.failures:
+        parts.append(f"**Incomplete**: {len(evaluation.failures)} cells failed and are missing "
+                     f"from these tables (their parameters and errors are in {FAILURES_FILE}):\n\n"
+                     + "\n".join(f"- {f.description}: {f.error}" for f in evaluation.failures))
     for m in rep.metrics:
         parts.append(f"## {m}\n\n" + format_table(rows, m, rep))
         avg = mean_reduction(rows, m)
@@ -996,6 +1192,8 @@ def results_json(evaluation: Evaluation) -> dict[str, Any]:
         "rows": [r.to_dict() for r in rows],
         "mean_reduction": {m: mean_reduction(rows, m) for m in METRICS},
         "cells": evaluation.records,
+        **({"failures": [f.to_dict() for f in evaluation.failures]}
+           if evaluation.failures else {}),
     }
 
 

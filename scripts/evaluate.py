@@ -4,11 +4,15 @@ Usage:
     python scripts/evaluate.py --config configs/experiments/default.yaml --plot
     python scripts/evaluate.py --policies hexagent,llf --traces bfcl_v3 --load 0.8,1.0 --seeds 0,1
     python scripts/evaluate.py --config table2_3 --quick
+    python scripts/evaluate.py --config table6 --backend ray                 # local Ray, all cores
+    python scripts/evaluate.py --config table1 --backend ray --address HEAD:6379   # a cluster
 
 Flags override the config's grid. Output goes to --out (default results/<experiment name>):
 cells.jsonl (one line per finished cell; --resume skips those), results.json (table rows and
-every cell with per-workflow ratios), tables.md, and with --plot the PNG figures.
-Schema and outputs: docs/evaluation.md.
+every cell with per-workflow ratios), tables.md, failures.jsonl (cells that raised), and with
+--plot the PNG figures. A failed cell is reported with its parameters and error after the
+tables, the other cells are kept, and the exit status is 1; --resume retries only the failed and
+missing cells. Schema and outputs: docs/evaluation.md; Ray: docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -19,7 +23,14 @@ import time
 from pathlib import Path
 
 from hexagent_gym.config import ConfigError
-from hexagent_gym.evaluation import evaluate, load_experiment, report_text, write_results
+from hexagent_gym.evaluation import (
+    BACKENDS,
+    evaluate,
+    format_failures,
+    load_experiment,
+    report_text,
+    write_results,
+)
 
 
 def _list(kind: type):
@@ -53,10 +64,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", action="store_true", help="write PNG figures")
     parser.add_argument("--plot-dir", type=Path,
                         help="where the PNGs (named <experiment>_*.png) go (default --out)")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="worker processes (default 1; cells sharing a factory stay together)")
+    parser.add_argument("--workers", type=int,
+                        help="local backend: worker processes (default 1; cells sharing a "
+                        "factory stay together). ray backend without --address: CPUs of the "
+                        "local Ray instance (default: every core)")
+    parser.add_argument("--backend", choices=BACKENDS, default="local",
+                        help="local: this process or a process pool; ray: one Ray task per "
+                        "chunk of cells (pip install 'hexagent-gym[distributed]')")
+    parser.add_argument("--address",
+                        help="ray: join this running cluster (HEAD:6379, auto, "
+                        "ray://HEAD:10001) instead of starting a local Ray")
+    parser.add_argument("--chunk-size", type=int,
+                        help="ray: cells per task, cut from cells sharing a factory (0 = "
+                        "whole factory groups; default: whole groups unless there are fewer "
+                        "than 2 per CPU)")
+    parser.add_argument("--ship-code", action="store_true",
+                        help="ray: ship this checkout's packages to the workers (runtime_env "
+                        "py_modules), for cluster nodes without the repository")
+    parser.add_argument("--fail-fast", action="store_true",
+                        help="stop at the first failing cell instead of running the others")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    if args.backend != "ray":
+        for flag in ("address", "chunk_size"):
+            if getattr(args, flag) is not None:
+                parser.error(f"--{flag.replace('_', '-')} needs --backend ray")
+        if args.ship_code:
+            parser.error("--ship-code needs --backend ray")
+    elif args.address and args.workers is not None:
+        parser.error("--workers sizes a local Ray instance; with --address the cluster's nodes "
+                     "set their CPUs (ray start --num-cpus N)")
+    if args.workers is not None and args.workers < 1:
+        parser.error("--workers must be >= 1")
     try:
         exp = load_experiment(args.config)
         exp = exp.with_overrides(policies=args.policies, clusters=args.clusters,
@@ -68,9 +107,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = args.out or Path("results") / exp.name
     n = len(exp.cells())
-    print(f"{exp.name}: {n} cells -> {out}", file=sys.stderr)
+    where = "" if args.backend == "local" else f" on Ray ({args.address or 'local instance'})"
+    print(f"{exp.name}: {n} cells -> {out}{where}", file=sys.stderr)
     start = time.perf_counter()
-    ev = evaluate(exp, out, resume=args.resume, workers=args.workers, progress=not args.quiet)
+    ray_init = None
+    if args.ship_code:
+        from hexagent_gym.distributed import code_runtime_env
+
+        ray_init = {"runtime_env": code_runtime_env()}
+    try:
+        ev = evaluate(exp, out, resume=args.resume, workers=args.workers,
+                      progress=not args.quiet, backend=args.backend, address=args.address,
+                      chunk_size=args.chunk_size, fail_fast=args.fail_fast, ray_init=ray_init)
+    except (ImportError, ConnectionError) as exc:
+        if args.backend != "ray":
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the finished cells are in {out / 'cells.jsonl'}; add --resume "
+              f"to continue", file=sys.stderr)
+        return 130
     paths = write_results(ev, out)
     print(report_text(ev))
     if args.plot:
@@ -80,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - start
     print(f"{ev.computed} cells run, {ev.reused} reused, {elapsed:.1f} s. Wrote: "
           + ", ".join(str(p) for p in paths), file=sys.stderr)
+    if ev.failures:
+        print(format_failures(ev.failures, n) + f"\n(tracebacks: {out / 'failures.jsonl'})",
+              file=sys.stderr)
+        return 1
     return 0
 
 

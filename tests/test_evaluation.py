@@ -14,18 +14,23 @@ from hexagent_gym.config import ConfigError, configs_dir
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.evaluation import (
     CELLS_FILE,
+    FAILURES_FILE,
     Cell,
+    CellFailure,
     Experiment,
+    FactoryCache,
     Grid,
     Report,
     Stat,
     evaluate,
+    format_failures,
     format_table,
     load_experiment,
     mean_reduction,
     read_cells,
     results_json,
     run_cell,
+    run_cells,
     size_split,
     summarize,
     t_quantile_975,
@@ -205,6 +210,85 @@ def test_worker_processes_give_the_same_records():
     assert one.records == two.records
 
 
+def test_a_failing_cell_is_reported_with_its_parameters_and_the_others_are_kept(tmp_path):
+    # llf rejects the argument when the cell builds it; hexagent's cells are unaffected.
+    exp = tiny_experiment(policies=("hexagent", "llf"), policy_kwargs={"llf": {"bogus": 1}})
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        ev = evaluate(exp, out, progress=False, timing=False, workers=workers)
+        assert not ev.complete and ev.computed == 2 and len(ev.records) == 2
+        assert {r["cell"]["policy"] for r in ev.records} == {"hexagent"}
+        assert [(f.cell["policy"], f.cell["episode"]["seed"]) for f in ev.failures] == [
+            ("llf", 0), ("llf", 1)]
+        assert all("unexpected keyword argument 'bogus'" in f.error for f in ev.failures)
+        assert len((out / CELLS_FILE).read_text().splitlines()) == 2
+        assert len((out / FAILURES_FILE).read_text().splitlines()) == 2
+    text = format_failures(ev.failures, 4)
+    assert text.splitlines()[0].startswith("2 of 4 cells failed")
+    assert "FAILED llf tiny-2p2d/bfcl_v3 ρ=1 seed 0 [key " in text
+    assert '"policy_kwargs": {"bogus": 1}' in text and "error: TypeError: " in text
+    # Serial and fail-fast: the cell's own exception propagates.
+    with pytest.raises(TypeError, match="bogus"):
+        evaluate(exp, None, progress=False, fail_fast=True)
+    # A resumed run retries the failed cells only, and a clean run removes failures.jsonl.
+    again = evaluate(exp, tmp_path / "w1", resume=True, progress=False, timing=False)
+    assert (again.computed, again.reused, len(again.failures)) == (0, 2, 2)
+    evaluate(tiny_experiment(policies=("hexagent",)), tmp_path / "w1", resume=True,
+             progress=False)
+    assert not (tmp_path / "w1" / FAILURES_FILE).exists()
+
+
+def test_run_cells_catches_per_cell_and_shares_factories():
+    good, bad = Cell("fcfs", TINY), Cell("fcfs", TINY, (("bogus", 1),))
+    with pytest.raises(TypeError):
+        run_cells([good, bad])
+    out = run_cells([bad, good], timing=False, catch=True)
+    assert isinstance(out[0], CellFailure) and out[0].key == bad.key
+    assert out[1] == run_cell(good, timing=False)
+    # A cache passed in is the one used, also while still empty (a worker's first task).
+    cache = FactoryCache(2)
+    other = Cell("hexagent", TINY.replace(load=0.5))
+    run_cells([good, Cell("hexagent", TINY.replace(seed=1)), other, good],
+              timing=False, factories=cache)
+    assert (cache.misses, cache.hits, len(cache)) == (2, 2, 2)
+
+
+def test_ray_is_optional():
+    """Importing the evaluation layer (or the Ray backend module) does not import ray, and
+    asking for the Ray backend without ray says how to install it."""
+    code = ("import sys; import hexagent_gym.evaluation, hexagent_gym.distributed; "
+            "import scripts.evaluate; assert 'ray' not in sys.modules, 'ray imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "from hexagent_gym.evaluation import Experiment, Grid, evaluate\n"
+            "from hexagent_gym.episode import EpisodeConfig\n"
+            "exp = Experiment('x', Grid(base=EpisodeConfig(cluster='tiny-2p2d', "
+            "num_workflows=2), policies=('fcfs',)))\n"
+            "evaluate(exp, None, backend='ray', progress=False)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT)
+    assert proc.returncode != 0
+    assert 'pip install "hexagent-gym[distributed]"' in proc.stderr
+
+
+def test_chunks_split_factory_groups():
+    from hexagent_gym.distributed import auto_chunk_size, chunk_cells
+
+    cells = tiny_experiment(seeds=(0, 1, 2, 3, 4), traces=("bfcl_v3", "sharegpt")).cells()
+    groups = [cells[:10], cells[10:]]
+    assert chunk_cells(groups, None) == groups and chunk_cells(groups, 0) == groups
+    four = chunk_cells(groups, 4)
+    assert [len(c) for c in four] == [3, 4, 3, 3, 4, 3]
+    assert [c for ch in four for c in ch] == cells
+    assert all(len({c.factory_config for c in ch}) == 1 for ch in four)
+    assert [len(c) for c in chunk_cells(groups, 1)] == [1] * 20
+    # Auto: whole groups while there are two per CPU, else about two tasks per CPU.
+    assert auto_chunk_size(groups, cpus=1) == 0
+    assert auto_chunk_size(groups, cpus=2) == 5 and auto_chunk_size(groups, cpus=64) == 1
+
+
 # -- config errors --------------------------------------------------------------------------------
 
 def write(tmp_path, text: str) -> Path:
@@ -269,6 +353,13 @@ def test_cli_smoke_writes_tables_results_and_plots(tmp_path):
                     "--policies", "hexagent,fcfs", "--seeds", "0,1", "--load", "0.8,1.2",
                     "--out", str(out), "--resume", "--quiet")
     assert again.returncode == 0 and "0 cells run, 8 reused" in again.stderr
+
+
+def test_cli_ray_flags_need_the_ray_backend(tmp_path):
+    proc = run_cli("--address", "127.0.0.1:6379", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "--address needs --backend ray" in proc.stderr
+    proc = run_cli("--backend", "ray", "--address", "auto", "--workers", "2")
+    assert proc.returncode == 2 and "--workers sizes a local Ray instance" in proc.stderr
 
 
 def test_cli_reports_config_errors_with_exit_code_2(tmp_path):

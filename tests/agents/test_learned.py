@@ -1,0 +1,273 @@
+"""The learned-scheduler layer: equivariant policy shapes and symmetries, masking, save/load,
+the LearnedPolicy wrapper (bare simulator = through the env), and behaviour cloning."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch as th
+
+import hexagent_gym
+from agents.imitation import behaviour_clone, collect_demonstrations, imitation_loss
+from agents.learned import DEFAULT_MODEL, EquivariantPolicy, LearnedPolicy, make_model
+
+th.set_num_threads(1)
+
+TINY = dict(cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=8, seed=3, load=1.5)
+SMALL = dict(cluster="hetero-1", trace="lats", num_workflows=4, seed=1, load=2.0)
+
+
+def busy_obs(env, min_calls: int = 3, seed: int = 0):
+    """Step HexAgent's picks until a decision point shows at least ``min_calls`` unpicked calls."""
+    from agents.hexagent import HexAgentPolicy
+
+    base = env.unwrapped
+    obs, _ = env.reset(seed=seed)
+    teacher = HexAgentPolicy()
+    teacher.reset(base.simulator)
+    while True:
+        dp = base.decision_point
+        if len(dp.remaining) >= min_calls:
+            return obs, base.action_masks()
+        obs, _, terminated, _, _ = env.step(base.encode_action(*teacher.pick(dp)))
+        assert not terminated, "no busy decision point found"
+
+
+@pytest.fixture(scope="module")
+def small_env():
+    return hexagent_gym.make(**SMALL)
+
+
+@pytest.fixture(scope="module")
+def small_model(small_env):
+    th.manual_seed(0)
+    return make_model(small_env, "equivariant", n_steps=64, batch_size=32, device="cpu")
+
+
+def logits_of(policy, obs):
+    t, _ = policy.obs_to_tensor(obs)
+    with th.no_grad():
+        return policy.action_logits(t)[0].numpy()
+
+
+def test_forward_shapes(small_env, small_model):
+    policy = small_model.policy
+    obs, mask = busy_obs(small_env)
+    batch = {k: np.stack([v, v, v]) for k, v in obs.items()}
+    t, vectorized = policy.obs_to_tensor(batch)
+    assert vectorized
+    actions, values, log_prob = policy(t, action_masks=np.stack([mask] * 3))
+    n = small_env.action_space.n
+    assert actions.shape == (3,) and values.shape == (3, 1) and log_prob.shape == (3,)
+    assert policy.action_logits(t).shape == (3, n)
+    assert policy.predict_values(t).shape == (3, 1)
+    assert np.all(np.isfinite(log_prob.detach().numpy()))
+
+
+def test_permuting_call_slots_permutes_logits(small_env, small_model):
+    policy = small_model.policy
+    obs, mask = busy_obs(small_env, min_calls=4)
+    K, P, D = obs["delta"].shape
+    perm = np.random.default_rng(0).permutation(K)
+    permuted = dict(obs, calls=obs["calls"][perm], delta=obs["delta"][perm])
+    base = logits_of(policy, obs).reshape(K, P, D)
+    moved = logits_of(policy, permuted).reshape(K, P, D)
+    np.testing.assert_allclose(moved, base[perm], rtol=1e-5, atol=1e-5)
+    # the value head pools over slots: invariant
+    v1 = policy.predict_values(policy.obs_to_tensor(obs)[0])
+    v2 = policy.predict_values(policy.obs_to_tensor(permuted)[0])
+    np.testing.assert_allclose(v1.detach().numpy(), v2.detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_permuting_instances_permutes_logits(small_env, small_model):
+    policy = small_model.policy
+    obs, _ = busy_obs(small_env)
+    K, P, D = obs["delta"].shape
+    rng = np.random.default_rng(1)
+    pp, dd = rng.permutation(P), rng.permutation(D)
+    permuted = dict(obs, prefill=obs["prefill"][pp], decode=obs["decode"][dd],
+                    delta=obs["delta"][:, pp][:, :, dd])
+    base = logits_of(policy, obs).reshape(K, P, D)
+    moved = logits_of(policy, permuted).reshape(K, P, D)
+    np.testing.assert_allclose(moved, base[:, pp][:, :, dd], rtol=1e-5, atol=1e-5)
+
+
+def test_padding_changes_no_valid_logit(small_model):
+    """Padded instance slots (p_max/d_max) leave the valid logits as they are, so one model
+    serves several cluster sizes."""
+    plain = hexagent_gym.make(**SMALL)
+    padded = hexagent_gym.make(**SMALL, p_max=10, d_max=11)
+    obs, mask = busy_obs(plain)
+    obs_p, mask_p = busy_obs(padded)
+    K, P, D = obs["delta"].shape
+    m = mask.reshape(K, P, D)
+    m_p = mask_p.reshape(K, 10, 11)
+    assert not m_p[:, P:].any() and not m_p[:, :, D:].any()
+    np.testing.assert_array_equal(m_p[:, :P, :D], m)
+    a = logits_of(small_model.policy, obs).reshape(K, P, D)
+    b = logits_of(small_model.policy, obs_p).reshape(K, 10, 11)
+    np.testing.assert_allclose(b[:, :P, :D][m], a[m], rtol=1e-5, atol=1e-5)
+
+
+def test_masked_actions_never_sampled(small_env, small_model):
+    obs, mask = busy_obs(small_env)
+    for _ in range(200):
+        a, _ = small_model.predict(obs, action_masks=mask, deterministic=False)
+        assert mask[int(a)]
+    t, _ = small_model.policy.obs_to_tensor(obs)
+    dist = small_model.policy.get_distribution(t, action_masks=mask[None])
+    draws = dist.distribution.sample((2000,)).flatten().numpy()
+    assert mask[draws].all()
+
+
+def test_save_load_round_trip(tmp_path, small_env, small_model):
+    from sb3_contrib import MaskablePPO
+
+    path = tmp_path / "m.zip"
+    small_model.save(path)
+    loaded = MaskablePPO.load(path, device="cpu")
+    assert isinstance(loaded.policy, EquivariantPolicy)
+    obs, _ = busy_obs(small_env)
+    np.testing.assert_array_equal(logits_of(loaded.policy, obs),
+                                  logits_of(small_model.policy, obs))
+    a = small_env.rollout(small_model, seed=0)
+    b = small_env.rollout(loaded, seed=0)
+    np.testing.assert_array_equal(a.ratios, b.ratios)
+
+
+def test_learned_policy_on_bare_simulator_equals_env_rollout(small_env, small_model):
+    """LearnedPolicy.pick encodes decision points exactly as the env does."""
+    through_env = small_env.rollout(small_model, seed=2)
+    bare = small_env.rollout(LearnedPolicy(small_model), seed=2)
+    np.testing.assert_array_equal(through_env.ratios, bare.ratios)
+    assert bare.policy == "learned"
+
+
+def test_model_runs_on_another_cluster_size(small_model):
+    """Weights are shared over slots: a hetero-1 (8P+8D) model schedules tiny-2p2d and
+    hetero-2 (10P+10D) episodes, through the env and on the bare simulator."""
+    for cluster in ("tiny-2p2d", "hetero-2"):
+        env = hexagent_gym.make(cluster=cluster, trace="bfcl_v3", num_workflows=6, seed=0)
+        a = env.rollout(small_model, seed=0)
+        b = env.rollout(LearnedPolicy(small_model), seed=0)
+        assert a.num_workflows == 6 and np.isfinite(a.req99)
+        np.testing.assert_array_equal(a.ratios, b.ratios)
+
+
+def test_mlp_baseline_policy(small_env):
+    model = make_model(small_env, "mlp", n_steps=64, batch_size=32, device="cpu")
+    obs, mask = busy_obs(small_env)
+    a, _ = model.predict(obs, action_masks=mask, deterministic=False)
+    assert mask[int(a)]
+    result = small_env.rollout(LearnedPolicy(model), seed=0)
+    assert result.num_workflows == SMALL["num_workflows"]
+    with pytest.raises(ValueError, match="unknown policy architecture"):
+        make_model(small_env, "transformer")
+
+
+def test_behaviour_cloning_reduces_imitation_loss(small_env):
+    th.manual_seed(0)
+    model = make_model(small_env, "equivariant", policy_kwargs={"prior": 0.0}, n_steps=64,
+                       batch_size=32, device="cpu")
+    demos = collect_demonstrations(small_env, [0], gamma=0.99)
+    assert len(demos) > 20 and demos.targets[np.arange(len(demos)), demos.actions].all()
+    assert (demos.targets <= demos.masks).all()
+    before = imitation_loss(model.policy, demos)
+    history = behaviour_clone(model.policy, demos, epochs=5, batch_size=32, lr=3e-3)
+    after = imitation_loss(model.policy, demos)
+    assert after["loss"] < 0.5 * before["loss"]
+    assert after["accuracy"] >= 0.9 > before["accuracy"]
+    assert history[-1]["loss"] < history[0]["loss"]
+
+
+def test_dagger_collection_needs_a_learner():
+    env = hexagent_gym.make(**TINY)
+    with pytest.raises(ValueError, match="learner"):
+        collect_demonstrations(env, [0], beta=0.5)
+    model = make_model(env, "equivariant", n_steps=64, batch_size=32, device="cpu")
+    demos = collect_demonstrations(env, [0], learner=model, beta=0.5,
+                                   rng=np.random.default_rng(0))
+    assert len(demos) > 0 and demos.masks[np.arange(len(demos)), demos.actions].all()
+
+
+@pytest.mark.skipif(not DEFAULT_MODEL.is_file(), reason="shipped model not present")
+def test_registered_learned_policy_loads_the_shipped_model():
+    from hexagent_gym.policy import make_policy
+
+    policy = make_policy("learned")
+    assert isinstance(policy, LearnedPolicy) and policy.equivariant
+    env = hexagent_gym.make(**TINY)
+    assert env.rollout("learned", seed=0).num_workflows == TINY["num_workflows"]
+
+
+def test_excluded_instance_features_are_not_read(small_env, small_model):
+    """GPU identity, sizes and static speeds are left out by default (they let a scorer fit
+    on one cluster pick instances by name instead of by Δ)."""
+    from envs.encoding import PREFILL_FEATURES
+
+    obs, _ = busy_obs(small_env)
+    changed = dict(obs, prefill=obs["prefill"].copy())
+    cols = [i for i, f in enumerate(PREFILL_FEATURES) if f.startswith("gpu_") or f == "rel_time"]
+    changed["prefill"][:, cols] = np.random.default_rng(0).random((obs["prefill"].shape[0],
+                                                                  len(cols)))
+    np.testing.assert_array_equal(logits_of(small_model.policy, changed),
+                                  logits_of(small_model.policy, obs))
+    with pytest.raises(ValueError, match="unknown feature"):
+        make_model(small_env, "equivariant", policy_kwargs={"exclude_features": ["gpu_tpu"]})
+
+
+def test_prior_starts_at_hexagent(small_env):
+    """With the indicator prior, the untrained policy's argmax is HexAgent's pick."""
+    th.manual_seed(0)
+    model = make_model(small_env, "equivariant", policy_kwargs={"prior": 4.0}, device="cpu")
+    demos = collect_demonstrations(small_env, [0])
+    assert imitation_loss(model.policy, demos)["accuracy"] > 0.95
+
+
+def test_reference_relative_reward_is_zero_for_the_reference():
+    """Playing HexAgent's picks against HexAgent earns exactly 0 at every step."""
+    from agents.hexagent import HexAgentPolicy
+    from agents.shaping import ReferenceRelativeReward
+
+    env = ReferenceRelativeReward(hexagent_gym.make(**TINY), terminal_weight=5.0)
+    base = env.unwrapped
+    env.reset(seed=4)
+    teacher = HexAgentPolicy()
+    teacher.reset(base.simulator)
+    rewards = []
+    while True:
+        _, r, terminated, truncated, info = env.step(
+            base.encode_action(*teacher.pick(base.decision_point)))
+        rewards.append(r)
+        if terminated:
+            break
+    assert rewards == [0.0] * len(rewards)
+    assert info["relative_return"] == 0.0 and info["reference_req99"] >= 1.0
+    # a worse policy (always the last waiting call, worst pair) gets a negative return
+    env.reset(seed=4)
+    total = 0.0
+    while True:
+        dp = base.decision_point
+        slot = dp.remaining[-1]
+        row = dp.delta_row(slot)
+        masked = np.where(np.isfinite(row), row, -np.inf)
+        p, d = divmod(int(np.argmax(masked)), row.shape[1])
+        _, r, terminated, _, _ = env.step(base.encode_action(slot, p, d))
+        total += r
+        if terminated:
+            break
+    assert total < 0.0
+
+
+def test_temperature_calibration_keeps_argmax(small_env):
+    from agents.imitation import calibrate_temperature
+
+    th.manual_seed(0)
+    model = make_model(small_env, "equivariant", policy_kwargs={"prior": 8.0}, device="cpu")
+    demos = collect_demonstrations(small_env, [0])
+    before = imitation_loss(model.policy, demos)
+    scale = calibrate_temperature(model.policy, demos, target=0.6)
+    after = imitation_loss(model.policy, demos)
+    assert 0.0 < scale < 1.0
+    assert after["accuracy"] == before["accuracy"]
+    assert abs(np.exp(-after["loss"]) - 0.6) < 0.01
