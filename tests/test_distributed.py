@@ -12,26 +12,18 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from hexagent_gym.episode import EpisodeConfig  # noqa: E402
 from hexagent_gym.evaluation import (  # noqa: E402
     CELLS_FILE,
     FAILURES_FILE,
     CellError,
-    Experiment,
-    Grid,
     evaluate,
     format_failures,
     read_cells,
     write_results,
 )
+from tests.tiny_grid import tiny_experiment as tiny  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = EpisodeConfig(cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=6, load=1.0)
-
-
-def tiny(policies=("hexagent", "fcfs"), seeds=(0, 1), **grid) -> Experiment:
-    return Experiment("tiny", Grid(base=TINY, policies=tuple(policies), seeds=tuple(seeds),
-                                   **grid))
 
 
 def without_timing(records):

@@ -17,7 +17,6 @@ from hexagent_gym.evaluation import (
     FAILURES_FILE,
     Cell,
     CellFailure,
-    Experiment,
     FactoryCache,
     Grid,
     Report,
@@ -36,14 +35,9 @@ from hexagent_gym.evaluation import (
     t_quantile_975,
     write_results,
 )
+from tests.tiny_grid import TINY, tiny_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = EpisodeConfig(cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=6, load=1.0)
-
-
-def tiny_experiment(policies=("hexagent", "fcfs"), seeds=(0, 1), **grid) -> Experiment:
-    return Experiment("tiny", Grid(base=TINY, policies=tuple(policies), seeds=tuple(seeds),
-                                   **grid))
 
 
 def fake(policy, seed, req99, req95=None, cluster="c", trace="t"):
