@@ -51,7 +51,6 @@ from stable_baselines3.common.type_aliases import Schedule
 from torch import nn
 
 from envs.encoding import CALL_FEATURES, DECODE_FEATURES, PREFILL_FEATURES, Encoder
-from hexagent_gym.policy import policy_names, register_policy
 
 if TYPE_CHECKING:
     from hexagent_gym.decisions import DecisionPoint
@@ -537,10 +536,6 @@ class LearnedPolicy:
         return f"LearnedPolicy({kind}, trained K={self.train_k}, P={self.train_p}, " \
                f"D={self.train_d})"
 
-
-# ``make_policy("learned")`` needs no path only when the shipped model is there
-if DEFAULT_MODEL.is_file() and "learned" not in policy_names():
-    register_policy("learned", "agents.learned:LearnedPolicy")
 
 __all__ = ["DEFAULT_MODEL", "STATIC_INSTANCE_FEATURES", "DictPassThrough", "EquivariantNet",
            "EquivariantPolicy", "LearnedPolicy", "POLICY_CLASSES", "load_model", "make_model"]

@@ -73,5 +73,6 @@ for _name, _entry in {
     "atlas": "agents.baselines:Atlas",
     "random": "agents.baselines:RandomPolicy",
     "fallback": "agents.baselines:FallbackPolicy",
+    "learned": "agents.learned:LearnedPolicy",  # the shipped model (models/), docs/learned.md
 }.items():
     register_policy(_name, _entry)
