@@ -28,7 +28,7 @@ class RolloutResult:
 
     Attributes:
         episode: the simulator's :class:`~hexagent_gym.metrics.EpisodeResult` (ratios, records,
-            counts, timings); the properties below forward to it.
+            counts, timings); its attributes are readable on the result directly.
         seed: the reset seed (None resolved to the config's seed).
         episode_seed: the simulator seed derived from it (``EpisodeFactory.simulator(seed)``).
         total_reward: return under the env's reward. For heuristics it is computed from the final
@@ -42,59 +42,13 @@ class RolloutResult:
     total_reward: float
     steps: int
 
-    @property
-    def policy(self) -> str:
-        return self.episode.policy
-
-    @property
-    def ratios(self) -> np.ndarray:
-        """C_w / H_w per workflow, in arrival order."""
-        return self.episode.ratios
-
-    @property
-    def req95(self) -> float:
-        return self.episode.req95
-
-    @property
-    def req99(self) -> float:
-        return self.episode.req99
-
-    def req(self, tau: float) -> float:
-        return self.episode.req(tau)
-
-    def attainment(self, alpha: float | np.ndarray) -> float | np.ndarray:
-        """Fraction of workflows with C_w ≤ α·H_w."""
-        return self.episode.attainment(alpha)
-
-    @property
-    def num_workflows(self) -> int:
-        return self.episode.num_workflows
-
-    @property
-    def num_calls(self) -> int:
-        return self.episode.num_calls
-
-    @property
-    def invocations(self) -> int:
-        return self.episode.invocations
-
-    @property
-    def decisions(self) -> int:
-        return self.episode.decisions
-
-    @property
-    def scheduler_seconds(self) -> float:
-        """Wall time from each decision point's opening to its plan (includes, for models, the
-        observation encoding and ``predict``)."""
-        return self.episode.scheduler_seconds
-
-    @property
-    def sim_seconds(self) -> float:
-        return self.episode.sim_seconds
-
-    @property
-    def wall_seconds(self) -> float:
-        return self.episode.wall_seconds
+    def __getattr__(self, name: str) -> Any:
+        # Every metric (policy, ratios, req95, req99, req(τ), attainment(α), num_workflows,
+        # num_calls, invocations, decisions, scheduler_seconds, sim_seconds, wall_seconds, ...)
+        # is the episode's; one delegation instead of a forwarding property per field.
+        if name == "episode":  # not set yet (e.g. during unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.episode, name)
 
     def to_dict(self, include_records: bool = False) -> dict[str, Any]:
         """JSON-ready summary (the EpisodeResult's, plus seeds, return and steps)."""
