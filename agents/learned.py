@@ -51,6 +51,7 @@ from stable_baselines3.common.type_aliases import Schedule
 from torch import nn
 
 from envs.encoding import CALL_FEATURES, DECODE_FEATURES, PREFILL_FEATURES, Encoder
+from envs.rollout import load_saved_model
 
 if TYPE_CHECKING:
     from hexagent_gym.decisions import DecisionPoint
@@ -427,17 +428,6 @@ def make_model(env: Any, policy: str = "equivariant", **kwargs: Any) -> Any:
     return MaskablePPO(POLICY_CLASSES[policy], env, **kwargs)
 
 
-def load_model(path: str | Path, device: str = "cpu") -> Any:
-    """``MaskablePPO.load(path)`` with a readable error for a missing file."""
-    from sb3_contrib import MaskablePPO
-
-    path = Path(path)
-    if not path.is_file() and not path.with_suffix(".zip").is_file():
-        raise FileNotFoundError(f"no model at {path}; train one with scripts/train.py or use "
-                                f"the shipped {DEFAULT_MODEL}")
-    return MaskablePPO.load(path, device=device)
-
-
 class LearnedPolicy:
     """A trained MaskablePPO model as a scheduler for ``env.rollout`` and the policy registry.
 
@@ -469,7 +459,7 @@ class LearnedPolicy:
         if threads is not None:
             th.set_num_threads(threads)
         if model is None or isinstance(model, str | Path):
-            model = load_model(DEFAULT_MODEL if model is None else model)
+            model = load_saved_model(DEFAULT_MODEL if model is None else model)
         self.model = model
         self.policy = model.policy
         space = self.policy.observation_space
@@ -485,7 +475,7 @@ class LearnedPolicy:
 
     @classmethod
     def load(cls, path: str | Path, **kwargs: Any) -> LearnedPolicy:
-        return cls(load_model(path), **kwargs)
+        return cls(load_saved_model(path), **kwargs)
 
     # -- Policy (bare simulator) ----------------------------------------------------------------
     def reset(self, sim: Simulator) -> None:
@@ -538,4 +528,4 @@ class LearnedPolicy:
 
 
 __all__ = ["DEFAULT_MODEL", "STATIC_INSTANCE_FEATURES", "DictPassThrough", "EquivariantNet",
-           "EquivariantPolicy", "LearnedPolicy", "POLICY_CLASSES", "load_model", "make_model"]
+           "EquivariantPolicy", "LearnedPolicy", "POLICY_CLASSES", "make_model"]

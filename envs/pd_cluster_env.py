@@ -345,7 +345,9 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
             policy: a registered policy name, a policy object with ``pick(dp)`` (both run on the
                 bare simulator, built exactly as ``reset(seed=seed)`` builds it), or a model with
                 ``predict(obs, ...)`` (SB3 / sb3-contrib; run through this env, with
-                ``action_masks`` when ``predict`` accepts them).
+                ``action_masks`` when ``predict`` accepts them), or the path of a saved
+                MaskablePPO model (a ``Path`` or a string ending in ``.zip``, e.g. the ``--out``
+                of ``scripts/train.py``), loaded and run like a model.
             seed: reset seed of the episode (None: the config's ``seed``).
             deterministic: passed to ``model.predict``.
 

@@ -10,7 +10,9 @@ checks that stepping the env with the same picks gives identical ratios. Models 
 from __future__ import annotations
 
 import inspect
+import zipfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -64,11 +66,15 @@ def rollout(env: PDClusterEnv, policy: Any, seed: int | None = None,
 
     Raises:
         TypeError: ``policy`` is neither a name, nor has ``pick`` or ``predict``.
-        ValueError: unknown policy name, or a model without masks chose an invalid action.
+        ValueError: unknown policy name, a file that is no MaskablePPO model, or a model
+            without masks chose an invalid action.
+        FileNotFoundError: a model path (``Path`` or ``*.zip``) that does not exist.
     """
     env = env.unwrapped
     seed = env.default_seed if seed is None else int(seed)
-    if isinstance(policy, str):
+    if isinstance(policy, str | Path) and _is_model_path(policy):
+        policy = load_saved_model(policy)
+    elif isinstance(policy, str):
         policy = make_policy(policy)
     if hasattr(policy, "pick"):
         return _run_heuristic(env, policy, seed)
@@ -76,6 +82,34 @@ def rollout(env: PDClusterEnv, policy: Any, seed: int | None = None,
         return _run_model(env, policy, seed, deterministic)
     raise TypeError(f"cannot roll out {type(policy).__name__}: expected a registered policy name, "
                     "an object with pick(dp) or a model with predict(obs)")
+
+
+def _is_model_path(policy: str | Path) -> bool:
+    """A saved SB3 model: a Path, or a string naming a ``.zip`` (policy names never contain one)."""
+    return isinstance(policy, Path) or policy.endswith(".zip")
+
+
+def load_saved_model(path: str | Path) -> Any:
+    """Load a model saved by ``scripts/train.py`` (sb3-contrib MaskablePPO) for a rollout.
+
+    Its policy class is unpickled by reference (``agents.learned.EquivariantPolicy`` for the
+    equivariant models), so loading needs no ``custom_objects``.
+
+    Raises:
+        FileNotFoundError: nothing at ``path`` (with or without ``.zip``).
+        ValueError: the file is not a MaskablePPO model.
+    """
+    path = Path(path)
+    if not path.is_file() and not path.with_suffix(".zip").is_file():
+        raise FileNotFoundError(f"no saved model at {path}: pass a .zip written by "
+                                "scripts/train.py (--out) or model.save(), or a policy name")
+    from sb3_contrib import MaskablePPO  # only runs that load models pay for the import
+
+    try:
+        return MaskablePPO.load(path, device="cpu")
+    except (KeyError, ValueError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path} is not a MaskablePPO model saved by stable-baselines3 "
+                         f"({type(exc).__name__}: {exc})") from exc
 
 
 def _run_heuristic(env: PDClusterEnv, policy: Any, seed: int) -> RolloutResult:

@@ -133,6 +133,18 @@ def test_save_load_round_trip(tmp_path, small_env, small_model):
     a = small_env.rollout(small_model, seed=0)
     b = small_env.rollout(loaded, seed=0)
     np.testing.assert_array_equal(a.ratios, b.ratios)
+    # env.rollout takes the saved file itself, as a Path or a string
+    for saved in (path, str(path)):
+        np.testing.assert_array_equal(small_env.rollout(saved, seed=0).ratios, a.ratios)
+
+
+def test_rollout_of_a_model_path_that_is_missing_or_not_a_model(tmp_path, small_env):
+    with pytest.raises(FileNotFoundError, match="no saved model at .*nothing.zip"):
+        small_env.rollout(str(tmp_path / "nothing.zip"))
+    junk = tmp_path / "junk.zip"
+    junk.write_bytes(b"not a zip archive")
+    with pytest.raises(ValueError, match="junk.zip is not a MaskablePPO model"):
+        small_env.rollout(junk)
 
 
 def test_learned_policy_on_bare_simulator_equals_env_rollout(small_env, small_model):
