@@ -261,6 +261,25 @@ class PlanState:
         delta[rows, batch.prefill_inst, d] = start + (dec - self.now)
         return delta
 
+    def copy(self) -> PlanState:
+        """An independent Ŝ for what-if picks (lookahead): committing to the copy leaves this
+        state's projections unchanged. Arrays and reservation lists are copied; the cluster
+        tables, the live decode instances and the excluded uids are shared read-only."""
+        new = PlanState.__new__(PlanState)
+        new.tables = self.tables
+        new.now = self.now
+        new.free = self.free.copy()
+        new.pf_tokens = self.pf_tokens.copy()
+        new.dec_tokens = self.dec_tokens.copy()
+        new.dec_count = self.dec_count.copy()
+        new.dec_ctx = self.dec_ctx.copy()
+        new._decode = self._decode
+        new._exclude = self._exclude
+        new._releases = [None if r is None else list(r) for r in self._releases]
+        new._picked = [list(p) for p in self._picked]
+        new._tau = (self._tau[0].copy(), self._tau[1].copy())
+        return new
+
     # -- picks ----------------------------------------------------------------------------------
     def commit(self, call: Call, p: int, d: int, delta: float, prefill_stage: bool) -> None:
         """Reserve the picked placement in Ŝ so later projections see it."""

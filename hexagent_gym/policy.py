@@ -67,6 +67,7 @@ def run_policy(sim: Simulator, policy: Policy) -> EpisodeResult:
 # Built-in policies (agents package), resolved lazily on first use.
 for _name, _entry in {
     "hexagent": "agents.hexagent:HexAgentPolicy",
+    "hexagent-lookahead": "agents.lookahead:HexAgentLookahead",  # one-step lookahead teacher
     "fcfs": "agents.baselines:CallFCFS",
     "wf-fcfs": "agents.baselines:WorkflowFCFS",
     "llf": "agents.baselines:LeastLaxityFirst",
