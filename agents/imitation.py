@@ -179,20 +179,21 @@ def _set_log_prob(log_probs: th.Tensor, targets: th.Tensor) -> th.Tensor:
 
 def dagger(policy: Any, env: Any, demos: Demonstrations, *, rounds: int = 2,
            episodes: int = 4, first_seed: int = 21_000, epochs: int = 2, lr: float = 1e-3,
-           gamma: float = 0.99, value_coef: float = 0.5, seed: int = 0,
+           gamma: float = 0.99, value_coef: float = 0.5, seed: int = 0, teacher: Any = None,
            log: Callable[[int, dict[str, float]], None] | None = None) -> Demonstrations:
     """DAgger rounds after :func:`behaviour_clone`: roll the current policy out greedily, label
     the states it reaches with the teacher, aggregate, refit. Plain cloning sees only the
     teacher's states; one off-teacher pick moves the queues somewhere it never saw, where its
     errors compound (docs/learned.md measures it). Returns the aggregated demonstrations.
 
+    ``teacher`` labels the states (default HexAgent, as in :func:`collect_demonstrations`).
     ``log(round, stats)`` gets ``on_policy_accuracy`` (before refitting) and the last epoch's
     :func:`behaviour_clone` statistics.
     """
     for r in range(rounds):
         seeds = range(first_seed + r * episodes, first_seed + (r + 1) * episodes)
         new = collect_demonstrations(env, seeds, gamma=gamma, learner=_Greedy(policy),
-                                     beta=0.0)
+                                     beta=0.0, teacher=teacher)
         acc = imitation_loss(policy, new)["accuracy"]
         demos = Demonstrations.concat([demos, new])
         hist = behaviour_clone(policy, demos, epochs=epochs, lr=lr, value_coef=value_coef,

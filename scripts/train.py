@@ -81,8 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     algo.add_argument("--policy", choices=("equivariant", "mlp"), default="equivariant")
     algo.add_argument("--load-model", type=Path,
                       help="continue training this saved model (.zip)")
-    algo.add_argument("--init-from", choices=("none", "hexagent"), default="none",
-                      help="behaviour-clone HexAgent before PPO")
+    algo.add_argument("--init-from", choices=("none", "hexagent", "hexagent-lookahead"),
+                      default="none", help="behaviour-clone this teacher before PPO: HexAgent, "
+                      "or HexAgent with a one-step lookahead over its pick order "
+                      "(agents/lookahead.py)")
     algo.add_argument("--total-timesteps", type=int, default=100_000)
     algo.add_argument("--lr", type=float, default=1e-4, help="PPO learning rate")
     algo.add_argument("--n-steps", type=int, default=512, help="rollout steps per env")
@@ -95,8 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     algo.add_argument("--hidden", type=int, default=64, help="equivariant embedding width")
     algo.add_argument("--prior", type=float, default=4.0,
                       help="initial weight of the equivariant policy's HexAgent indicators")
-    bc = p.add_argument_group("behaviour cloning (--init-from hexagent)")
-    bc.add_argument("--bc-episodes", type=int, default=8, help="HexAgent episodes to imitate")
+    bc = p.add_argument_group("behaviour cloning (--init-from)")
+    bc.add_argument("--bc-episodes", type=int, default=8, help="teacher episodes to imitate")
     bc.add_argument("--bc-epochs", type=int, default=3)
     bc.add_argument("--bc-lr", type=float, default=3e-3)
     bc.add_argument("--bc-value-coef", type=float, default=0.5,
@@ -161,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     from agents.shaping import ReferenceRelativeReward, relative_env_fn
     from envs.pd_cluster_env import PDClusterEnv, make_env_fn
     from hexagent_gym.config import ConfigError
+    from hexagent_gym.policy import make_policy
 
     set_random_seed(args.seed)  # the only global seeding; envs seed from their config
     config, overrides = episode_config(args)
@@ -200,14 +203,15 @@ def main(argv: list[str] | None = None) -> int:
 
     timings: dict[str, float] = {}
     bc_stats: dict[str, Any] = {}
-    if args.init_from == "hexagent":
+    if args.init_from != "none":
         start = time.perf_counter()
+        teacher = make_policy(args.init_from)
         demo_env = PDClusterEnv(config, **overrides)
         if shaping:
             demo_env = ReferenceRelativeReward(demo_env, **shaping)
         demos = collect_demonstrations(demo_env, range(20_000, 20_000 + args.bc_episodes),
-                                       gamma=args.gamma)
-        held_out = collect_demonstrations(demo_env, [30_000], gamma=args.gamma)
+                                       gamma=args.gamma, teacher=teacher)
+        held_out = collect_demonstrations(demo_env, [30_000], gamma=args.gamma, teacher=teacher)
         timings["bc_collect_s"] = time.perf_counter() - start
 
         def log_epoch(epoch: int, stats: dict[str, float]) -> None:
@@ -234,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.dagger_rounds:
             demos = dagger(model.policy, demo_env, demos, rounds=args.dagger_rounds,
                            episodes=args.dagger_episodes, gamma=args.gamma,
-                           value_coef=args.bc_value_coef, seed=args.seed, log=log_round)
+                           value_coef=args.bc_value_coef, seed=args.seed, teacher=teacher,
+                           log=log_round)
         if args.bc_target_prob > 0.0:
             scale = calibrate_temperature(model.policy, held_out, args.bc_target_prob)
             bc_stats["logit_scale"] = scale

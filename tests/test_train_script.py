@@ -66,6 +66,29 @@ def test_tiny_model_loads_and_rolls_out(tiny_run):
     env = hexagent_gym.make(cluster="hetero-1", trace="bfcl_v3", num_workflows=20, load=1.0)
     result = env.rollout(model, seed=0)
     assert result.num_workflows == 20 and np.isfinite(result.req99) and result.req99 >= 1.0
+    by_path = env.rollout(str(tiny_run / "model.zip"), seed=0)  # the --out file itself
+    np.testing.assert_array_equal(by_path.ratios, result.ratios)
+
+
+def test_imitation_from_the_lookahead_teacher(tmp_path):
+    """--init-from hexagent-lookahead: cloning and one DAgger round from the lookahead teacher,
+    logged to TensorBoard and recorded in run.json, then a short PPO stage."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cmd = [sys.executable, str(SCRIPT), "--init-from", "hexagent-lookahead", "--bc-episodes", "1",
+           "--bc-epochs", "1", "--dagger-rounds", "1", "--dagger-episodes", "1",
+           "--total-timesteps", "256", "--n-steps", "128", "--batch-size", "64",
+           "--num-workflows", "12", "--load", "2.0", "--logdir", str(tmp_path),
+           "--out", str(tmp_path / "model.zip"), "--verbose", "0"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["args"]["init_from"] == "hexagent-lookahead"
+    assert record["bc"]["samples"] > 0 and 0.0 <= record["bc"]["accuracy"] <= 1.0
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    scalars = acc.Tags()["scalars"]
+    assert "bc/accuracy" in scalars and "dagger/on_policy_accuracy" in scalars
 
 
 def test_load_flag_is_the_offered_load():
