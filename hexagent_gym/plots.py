@@ -27,6 +27,8 @@ _STYLE = {
     "atlas": {"color": "#2ca02c", "lw": 1.5},
     "random": {"color": "#9467bd", "lw": 1.2, "ls": ":"},
     "fallback": {"color": "#000000", "lw": 1.2, "ls": "--"},
+    "hexagent-lookahead": {"color": "#ff7f0e", "lw": 1.8, "ls": "--", "zorder": 6},
+    "learned": {"color": "#17becf", "lw": 2.0, "zorder": 7},
 }
 
 
@@ -116,11 +118,14 @@ def attainment_figure(records: Sequence[Mapping[str, Any]], path: str | Path, *,
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False,
+    # about two legend entries fit per panel width; wrap the rest onto more rows
+    per_row = max(3, min(len(labels), 2 * ncols))
+    legend_rows = math.ceil(len(labels) / per_row)
+    fig.legend(handles, labels, loc="lower center", ncol=per_row, frameon=False,
                bbox_to_anchor=(0.5, 0.0))
     if title:
         fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0.07 if nrows == 1 else 0.04, 1, 1))
+    fig.tight_layout(rect=(0, (0.07 if nrows == 1 else 0.04) * legend_rows, 1, 1))
     return _save(fig, plt, path)
 
 
@@ -225,6 +230,6 @@ def _slug(text: Any) -> str:
 def _save(fig: Any, plt: Any, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # never crop a wide legend
     plt.close(fig)
     return path
