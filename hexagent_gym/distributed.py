@@ -20,13 +20,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import socket
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hexagent_gym.evaluation import Cell, CellFailure, FactoryCache, run_cells
+# chunking and the per-process chunk runner are shared with the local process pool
+from hexagent_gym.evaluation import (  # noqa: F401 - re-exported
+    TASKS_PER_CPU,
+    Cell,
+    CellFailure,
+    auto_chunk_size,
+    chunk_cells,
+    run_chunk,
+)
 
 INSTALL_HINT = ('the Ray backend needs the optional dependency ray: '
                 'pip install "hexagent-gym[distributed]"')
@@ -35,15 +42,8 @@ AUTH_HINT = ("Is the address right and the head node reachable? Clusters started
              "RAY_AUTH_MODE=token and the cluster's token in ~/.ray/auth_token or "
              "RAY_AUTH_TOKEN (`ray get-auth-token` on the head node prints it); "
              "docs/distributed.md")
-TASKS_PER_CPU = 2
-"""``chunk_size=None`` (auto) cuts the grid into at least this many tasks per cluster CPU."""
-FACTORY_CACHE_SIZE = 4
-"""Factories a Ray worker process keeps (least recently used dropped first)."""
-CODE_PACKAGES = ("hexagent_gym", "agents", "envs", "configs")
+CODE_PACKAGES = ("hexagent_gym", "agents", "envs", "configs", "models")
 """The repository's top-level packages, shipped to the cluster by :func:`code_runtime_env`."""
-
-_worker_factories: FactoryCache | None = None  # per Ray worker process, built on first use
-
 
 def require_ray() -> Any:
     """Import and return ``ray``, or raise an ImportError that says how to install it."""
@@ -52,44 +52,6 @@ def require_ray() -> Any:
     except ImportError as exc:
         raise ImportError(f"{INSTALL_HINT} ({exc})") from exc
     return ray
-
-
-def chunk_cells(groups: Sequence[Sequence[Cell]], chunk_size: int | None) -> list[list[Cell]]:
-    """Split every factory group into near-equal consecutive chunks of at most ``chunk_size``
-    cells (0 or None: one chunk per group), keeping the groups' order."""
-    out: list[list[Cell]] = []
-    for group in groups:
-        group = list(group)
-        if not group:
-            continue
-        if not chunk_size or chunk_size >= len(group):
-            out.append(group)
-            continue
-        pieces = math.ceil(len(group) / chunk_size)
-        bounds = [round(i * len(group) / pieces) for i in range(pieces + 1)]
-        out += [group[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
-    return out
-
-
-def auto_chunk_size(groups: Sequence[Sequence[Cell]], cpus: float,
-                    tasks_per_cpu: int = TASKS_PER_CPU) -> int:
-    """The chunk size of ``chunk_size=None``: whole factory groups (0) when there are at least
-    ``tasks_per_cpu`` groups per CPU, else the size that cuts the grid into about that many
-    tasks. Whole groups build each factory once; smaller chunks keep every CPU busy when the
-    groups are few or uneven (measurements: docs/distributed.md)."""
-    target = max(1, int(tasks_per_cpu * max(1.0, cpus)))
-    if len(groups) >= target:
-        return 0
-    return max(1, math.ceil(sum(len(g) for g in groups) / target))
-
-
-def run_chunk(cells: Sequence[Cell], timing: bool = True) -> list[dict[str, Any] | CellFailure]:
-    """The body of one Ray task: run the cells with this worker's factory cache, turning a cell
-    that raises into a :class:`CellFailure`."""
-    global _worker_factories
-    if _worker_factories is None:
-        _worker_factories = FactoryCache(FACTORY_CACHE_SIZE)
-    return run_cells(cells, timing, factories=_worker_factories, catch=True)
 
 
 def code_runtime_env() -> dict[str, Any]:

@@ -721,8 +721,9 @@ def evaluate(experiment: Experiment, out_dir: str | Path | None = None, *, resum
         resume: keep the finished cells already in ``out_dir/cells.jsonl`` and run only the
             rest (failed cells included); without it the file is started afresh.
         workers: ``local``: processes to run cells in (None or 1 = this process; cells sharing a
-            factory go to the same worker). ``ray`` without ``address``: CPUs of the local Ray
-            instance started here (None: every core).
+            factory go to one worker as a chunk, and groups are cut into smaller chunks when
+            there are fewer than two per worker: :func:`auto_chunk_size`). ``ray`` without
+            ``address``: CPUs of the local Ray instance started here (None: every core).
         progress: show a tqdm progress bar over cells.
         timing: record wall-clock timings (see :func:`run_cell`).
         backend: one of :data:`BACKENDS`.
@@ -730,7 +731,7 @@ def evaluate(experiment: Experiment, out_dir: str | Path | None = None, *, resum
             ``ray://HOST:10001``) instead of starting a local instance.
         chunk_size: ``ray`` only: cells per Ray task, cut from the cells of one factory (0:
             whole factory groups; None: whole groups unless there are fewer than two per
-            cluster CPU, :func:`hexagent_gym.distributed.auto_chunk_size`).
+            cluster CPU, :func:`auto_chunk_size`).
         fail_fast: stop at the first failing cell (``local`` serial: its exception propagates;
             otherwise :class:`CellError`). Without it a failing cell becomes a
             :class:`CellFailure` in ``Evaluation.failures`` and the other cells run on.
@@ -835,10 +836,58 @@ def _serial_outcomes(groups: Sequence[list[Cell]], timing: bool, *, catch: bool,
             yield from run_cells([cell], timing, factories=cache, catch=catch)
 
 
+TASKS_PER_CPU = 2
+"""Automatic chunking cuts a grid into at least this many tasks per worker CPU."""
+FACTORY_CACHE_SIZE = 4
+"""Factories a worker process keeps across tasks (least recently used dropped first)."""
+_process_factories: FactoryCache | None = None  # per worker process, built on first use
+
+
+def chunk_cells(groups: Sequence[Sequence[Cell]], chunk_size: int | None) -> list[list[Cell]]:
+    """Split every factory group into near-equal consecutive chunks of at most ``chunk_size``
+    cells (0 or None: one chunk per group), keeping the groups' order."""
+    out: list[list[Cell]] = []
+    for group in groups:
+        group = list(group)
+        if not group:
+            continue
+        if not chunk_size or chunk_size >= len(group):
+            out.append(group)
+            continue
+        pieces = math.ceil(len(group) / chunk_size)
+        bounds = [round(i * len(group) / pieces) for i in range(pieces + 1)]
+        out += [group[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+    return out
+
+
+def auto_chunk_size(groups: Sequence[Sequence[Cell]], cpus: float,
+                    tasks_per_cpu: int = TASKS_PER_CPU) -> int:
+    """The chunk size of ``chunk_size=None``: whole factory groups (0) when there are at least
+    ``tasks_per_cpu`` groups per CPU, else the size that cuts the grid into about that many
+    tasks. Whole groups build each factory once; smaller chunks keep every CPU busy when the
+    groups are few or uneven (measurements: docs/distributed.md)."""
+    target = max(1, int(tasks_per_cpu * max(1.0, cpus)))
+    if len(groups) >= target:
+        return 0
+    return max(1, math.ceil(sum(len(g) for g in groups) / target))
+
+
+def run_chunk(cells: Sequence[Cell], timing: bool = True) -> list[dict[str, Any] | CellFailure]:
+    """The body of one task (a local pool job or a Ray task): run the cells with this process's
+    factory cache, turning a cell that raises into a :class:`CellFailure`."""
+    global _process_factories
+    if _process_factories is None:
+        _process_factories = FactoryCache(FACTORY_CACHE_SIZE)
+    return run_cells(cells, timing, factories=_process_factories, catch=True)
+
+
 def _pool_outcomes(groups: Sequence[list[Cell]], timing: bool,
                    workers: int) -> Iterator[dict[str, Any] | CellFailure]:
+    # Whole factory groups share one factory build, but a grid with fewer groups than workers
+    # (one cluster and trace, many seeds) would leave workers idle: cut groups into chunks then.
+    chunks = chunk_cells(groups, auto_chunk_size(groups, workers))
     pool = ProcessPoolExecutor(max_workers=workers)
-    futures = {pool.submit(run_cells, g, timing, catch=True): g for g in groups}
+    futures = {pool.submit(run_chunk, c, timing): c for c in chunks}
     try:
         for fut in as_completed(futures):
             try:

@@ -204,6 +204,31 @@ def test_worker_processes_give_the_same_records():
     assert one.records == two.records
 
 
+def test_a_single_factory_group_is_split_across_worker_processes(monkeypatch):
+    """One cluster, trace and load with many seeds is one factory group; the pool still gets one
+    task per chunk (about two per worker), and the records equal the serial run's."""
+    from hexagent_gym import evaluation
+
+    exp = tiny_experiment(seeds=(0, 1, 2, 3), policies=("fcfs", "hexagent"))
+    groups = list(evaluation._groups(exp.cells()))
+    assert len(groups) == 1
+    sizes = [len(c) for c in evaluation.chunk_cells(groups, evaluation.auto_chunk_size(groups, 2))]
+    assert sizes == [2, 2, 2, 2]
+    submitted = []
+    real = evaluation.chunk_cells
+
+    def spy(groups, chunk_size):
+        chunks = real(groups, chunk_size)
+        submitted.append([len(c) for c in chunks])
+        return chunks
+
+    monkeypatch.setattr(evaluation, "chunk_cells", spy)
+    two = evaluate(exp, None, progress=False, timing=False, workers=2)
+    one = evaluate(exp, None, progress=False, timing=False)
+    assert submitted == [[2, 2, 2, 2]]  # the pool got four tasks, not one
+    assert one.records == two.records
+
+
 def test_a_failing_cell_is_reported_with_its_parameters_and_the_others_are_kept(tmp_path):
     # llf rejects the argument when the cell builds it; hexagent's cells are unaffected.
     exp = tiny_experiment(policies=("hexagent", "llf"), policy_kwargs={"llf": {"bogus": 1}})
@@ -268,7 +293,7 @@ def test_ray_is_optional():
 
 
 def test_chunks_split_factory_groups():
-    from hexagent_gym.distributed import auto_chunk_size, chunk_cells
+    from hexagent_gym.evaluation import auto_chunk_size, chunk_cells
 
     cells = tiny_experiment(seeds=(0, 1, 2, 3, 4), traces=("bfcl_v3", "sharegpt")).cells()
     groups = [cells[:10], cells[10:]]
