@@ -20,7 +20,7 @@ CI_CASES = (  # (cluster, trace, workflows, load): seconds each on 2 cores
     ("hetero-1", "mixed", 30, 1.2),
     ("qwen-hetero-1", "sharegpt", 100, 1.1),
 )
-CI_POLICIES = ("hexagent", "fcfs", "wf-fcfs", "llf", "atlas", "random")
+CI_POLICIES = ("hexagent", "hexagent-lookahead", "fcfs", "wf-fcfs", "llf", "atlas", "random")
 REFERENCE = "hexagent"
 
 
