@@ -407,6 +407,22 @@ class EquivariantPolicy(MaskableActorCriticPolicy):
         net = self.net
         return net.logits(net.embed(self._net_obs(obs)))
 
+    def greedy_action(self, observation: dict[str, np.ndarray], action_mask: np.ndarray) -> int:
+        """``predict(observation, action_masks=action_mask, deterministic=True)`` for one
+        observation on the CPU, without SB3's distribution objects, at about 30 % less time per
+        pick (docs/performance.md). It repeats sb3-contrib's arithmetic step for step, so
+        near-ties break the same way: normalise the logits, set invalid ones to −1e8,
+        normalise again, softmax, first argmax (tested against ``predict``)."""
+        with th.inference_mode():
+            obs = {k: th.as_tensor(np.asarray(v, dtype=np.float32))[None]
+                   for k, v in observation.items()}
+            logits = self.action_logits(obs)
+            logits = logits - logits.logsumexp(dim=-1, keepdim=True)
+            masks = th.as_tensor(action_mask, dtype=th.bool).reshape(logits.shape)
+            logits = th.where(masks, logits, th.tensor(-1e8, dtype=logits.dtype))
+            logits = logits - logits.logsumexp(dim=-1, keepdim=True)
+            return int(th.argmax(th.softmax(logits, dim=-1), dim=1)[0])
+
 
 POLICY_CLASSES: dict[str, Any] = {"equivariant": EquivariantPolicy,
                                   "mlp": "MultiInputPolicy"}
@@ -469,6 +485,9 @@ class LearnedPolicy:
         self.k = k
         self.time_scale = float(time_scale)
         self.deterministic = deterministic
+        # the greedy fast path needs the equivariant network on the CPU
+        self._fast = (deterministic and self.equivariant
+                      and next(self.policy.parameters()).device.type == "cpu")
         self._sim: Simulator | None = None
         self._encoder: Encoder | None = None
         self._dp: DecisionPoint | None = None
@@ -510,6 +529,8 @@ class LearnedPolicy:
             self._dp = dp
             enc.begin(self._sim, dp, len(self._sim.workload.workflows))
         obs, mask = enc.observe()
+        if self._fast:
+            return enc.decode_action(self.policy.greedy_action(obs, mask))
         action, _ = self.predict(obs, action_masks=mask, deterministic=self.deterministic)
         return enc.decode_action(int(np.asarray(action).reshape(-1)[0]))
 

@@ -155,6 +155,29 @@ def test_learned_policy_on_bare_simulator_equals_env_rollout(small_env, small_mo
     assert bare.policy == "learned"
 
 
+def test_greedy_fast_path_picks_what_predict_picks(small_env):
+    """LearnedPolicy's fast path (EquivariantPolicy.greedy_action) against SB3's deterministic
+    predict on every state of an episode, for an untrained network (near-uniform logits, where
+    ties are likeliest) and a sharp one (prior 4)."""
+    env = small_env.unwrapped
+    for prior in (0.0, 4.0):
+        th.manual_seed(1)
+        model = make_model(small_env, "equivariant", policy_kwargs={"prior": prior}, n_steps=64,
+                           batch_size=32, device="cpu")
+        obs, _ = env.reset(seed=3)
+        steps = 0
+        while True:
+            mask = env.action_masks()
+            fast = model.policy.greedy_action(obs, mask)
+            slow, _ = model.predict(obs, action_masks=mask, deterministic=True)
+            assert fast == int(slow) and mask[fast]
+            obs, _, terminated, _, _ = env.step(fast)
+            steps += 1
+            if terminated:
+                break
+        assert steps > 50
+
+
 def test_model_runs_on_another_cluster_size(small_model):
     """Weights are shared over slots: a hetero-1 (8P+8D) model schedules tiny-2p2d and
     hetero-2 (10P+10D) episodes, through the env and on the bare simulator."""
