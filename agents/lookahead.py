@@ -11,10 +11,11 @@ the smallest score; ties go to the riskier call, so HexAgent's own pick wins unl
 strictly lowers the worst projected risk. ``candidates=1`` is exactly HexAgent.
 
 Measured (docs/agents.md, ``configs/experiments/lookahead.yaml``, 20 paired seeds): Req99
-2.7 % ± 2.2 below HexAgent's on hetero-2 / Mixed and 1.6 % ± 1.6 below on hetero-1 / BFCL-v3,
-within noise elsewhere, identical on ShareGPT (one call per workflow at a time leaves nothing
-to reorder), at about 2–3× HexAgent's mean cost per invocation. The decode stage keeps
-HexAgent's rule (calls are locked to their instance; the order only sets queue ranks).
+2.7 % ± 2.2 below HexAgent's on hetero-2 / Mixed (1.3 % ± 1.9 over 40 seeds) and 1.6 % ± 1.6
+below on hetero-1 / BFCL-v3, within noise elsewhere, identical on ShareGPT (one call per
+workflow at a time leaves nothing to reorder), at about 2–3× HexAgent's mean cost per
+invocation. The decode stage keeps HexAgent's rule (calls are locked to their instance; the
+order only sets queue ranks).
 """
 
 from __future__ import annotations
