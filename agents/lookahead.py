@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from agents.base import earliest_pair
 from agents.hexagent import HexAgentPolicy, projected_risk
 from hexagent_gym.decisions import DecisionPoint, Stage
 
@@ -53,20 +54,14 @@ class HexAgentLookahead(HexAgentPolicy):
         order = np.argsort(-risk, kind="stable")[: self.candidates]
         slots = [int(s) for s in order if live[s]]
         if len(slots) == 1:
-            return self._at_argmin(slots[0], delta)
+            return slots[0], *earliest_pair(dp, slots[0])[:2]
         best_score, best = np.inf, None
         for slot in slots:
-            pick = self._at_argmin(slot, delta)
+            pick = (slot, *earliest_pair(dp, slot)[:2])
             score = lookahead_score(dp, delta, risk, live, pick)
             if score < best_score:  # strict: on ties the riskier call (HexAgent's) stays
                 best_score, best = score, pick
         return best
-
-    @staticmethod
-    def _at_argmin(slot: int, delta: np.ndarray) -> tuple[int, int, int]:
-        row = delta[slot]
-        p, d = divmod(int(np.argmin(row)), row.shape[1])
-        return slot, p, d
 
     def __repr__(self) -> str:
         return (f"HexAgentLookahead(candidates={self.candidates}, "
@@ -79,10 +74,7 @@ def lookahead_score(dp: DecisionPoint, delta: np.ndarray, risk: np.ndarray, live
     slot, p, d = pick
     state = dp.state.copy()
     state.commit(dp.calls[slot], p, d, float(delta[slot, p, d]), True)
-    batch = dp.batch
-    after = state.project_prefill(batch)
-    best = after.reshape(len(dp.calls), -1).min(axis=1)
-    others = (dp.now - batch.arrival + best) / batch.h_est
+    others = projected_risk(dp, state.project_prefill(dp.batch))
     others = others[live & (np.arange(len(dp.calls)) != slot)]
     own = float(risk[slot])
     return max(own, float(others.max())) if others.size else own
