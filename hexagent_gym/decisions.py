@@ -39,7 +39,7 @@ class DecisionPoint:
     """
 
     __slots__ = ("stage", "now", "calls", "state", "plan", "picked", "_delta", "_remaining",
-                 "wall_start", "_batch")
+                 "wall_start", "_batch", "_cache_aware")
 
     def __init__(self, stage: Stage, now: float, calls: list[Call], state: PlanState,
                  wall_start: float = 0.0) -> None:
@@ -53,13 +53,33 @@ class DecisionPoint:
         self._remaining = len(calls)
         self.wall_start = wall_start
         self._batch: CallBatch | None = None
+        self._cache_aware = True
 
     @property
     def batch(self) -> CallBatch:
         """The window's constant per-call arrays (built on first use)."""
         if self._batch is None:
-            self._batch = CallBatch(self.state.tables, self.calls)
+            self._batch = CallBatch(self.state.tables, self.calls, self._cache_aware)
         return self._batch
+
+    @property
+    def cached(self) -> np.ndarray:
+        """Prompt tokens (n, P) of each waiting call found in each prefill instance's prefix cache
+        at this decision (zeros at the decode stage or without a cache)."""
+        return self.batch.cached
+
+    def ignore_cache(self) -> None:
+        """Project prefill times as if no prompt were cached (a cache-oblivious planner).
+
+        Call it before the first projection or pick of this decision.
+
+        Raises:
+            RuntimeError: projections were already built from the cache-aware view.
+        """
+        if self._batch is not None or self.plan:
+            raise RuntimeError("ignore_cache() must come before the decision's first projection "
+                               "or pick")
+        self._cache_aware = False
 
     @property
     def done(self) -> bool:
@@ -140,7 +160,9 @@ class DecisionPoint:
             raise ValueError(f"call slot {slot} needs {call.kv_true} KV tokens but decode "
                              f"instance {d} holds at most {int(cap)}; choose a d where "
                              f"feasible(slot) is True")
-        self.state.commit(call, p, d, value, self.stage == Stage.PREFILL)
+        prefill = self.stage == Stage.PREFILL
+        self.state.commit(call, p, d, value, prefill,
+                          float(self.batch.pf[slot, p]) if prefill else None)
         self.plan.append((call, p, d, value))
         self.picked[slot] = True
         self._remaining -= 1

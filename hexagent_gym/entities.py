@@ -41,6 +41,8 @@ class Call:
         "prefill_inst", "decode_inst", "queue_key", "pending_parents", "prefill_start",
         "prefill_end", "transfer_end", "decode_start", "finish_t", "v_admit", "v_finish",
         "v_finish_pred", "ef_start", "ef", "est_duration", "service", "proj_release",
+        "pf_cold", "pf_run", "pf_queued", "cached", "hit", "held", "lead", "width",
+        "group_left", "kv_free",
     )
 
     def __init__(self, uid: int, workflow: Workflow, index: int, spec: CallSpec,
@@ -52,8 +54,9 @@ class Call:
         self.l_in = spec.input_tokens
         self.l_out = spec.output_tokens
         self.l_out_pred = l_out_pred
-        self.kv_true = spec.input_tokens + spec.output_tokens
+        self.kv_true = spec.input_tokens + spec.output_tokens  # decode admission demand
         self.kv_pred = spec.input_tokens + l_out_pred
+        self.kv_free = self.kv_true  # tokens its finish returns (a group returns its prompt last)
         self.pf_err = pf_err
         self.dec_err = dec_err
         self.state = CallState.HIDDEN
@@ -79,6 +82,15 @@ class Call:
         self.est_duration = 0.0  # scheduler's standalone duration estimate (best pair, alone)
         self.service = 0.0  # ATLAS: attained service along the critical path up to this call
         self.proj_release = 0.0  # projected decode finish when placed (planner's reservation)
+        self.pf_cold: list[float] = []  # scheduler-visible prefill seconds with no cache hit
+        self.pf_run = 0.0  # scheduler-visible seconds of its prefill once started
+        self.pf_queued = 0.0  # the estimate its prefill queue counts for it (queued_est)
+        self.cached: list[int] | None = None  # prompt tokens cached per prefill instance (None: 0)
+        self.hit = 0  # prompt tokens served from cache at its prefill
+        self.held = 0  # blocks of its prompt it locks in its prefill instance's cache
+        self.lead: Call | None = None  # a sample-group rider's leader (it rides its prefill)
+        self.width = 1  # sequences it decodes (a group leader decodes for the whole group)
+        self.group_left = 0  # a group leader's members still decoding
 
     def __repr__(self) -> str:
         return (f"Call({self.workflow.spec.workflow_id}#{self.spec.id}, {self.state.name}, "
@@ -90,7 +102,7 @@ class Workflow:
 
     __slots__ = (
         "uid", "spec", "arrival", "calls", "num_done", "finish_t", "horizon", "h_est",
-        "h_est_done", "open_calls", "service", "trace_index",
+        "h_est_done", "open_calls", "service", "trace_index", "last_prefill", "last_decode",
     )
 
     def __init__(self, uid: int, spec: WorkflowSpec, arrival: float, trace_index: int) -> None:
@@ -106,6 +118,8 @@ class Workflow:
         self.h_est_done = 0.0  # part of h_est fixed by finished calls
         self.open_calls: list[Call] = []  # revealed, not finished (for h_est refresh)
         self.service = 0.0  # ATLAS program-level attained service
+        self.last_prefill = -1  # prefill instance of its latest started prefill (locality)
+        self.last_decode = -1  # decode instance of its latest admitted decode
 
     @property
     def done(self) -> bool:
@@ -209,11 +223,23 @@ class DecodeInstance:
         self.ctx_sum += call.l_in + 0.5 * call.v_finish - call.v_admit
         heapq.heappush(self.batch, (call.v_finish, call.uid, call))
 
+    def admit_rider(self, call: Call, now: float) -> None:
+        """Start decoding a sample-group rider next to its leader: its KV (its own output; the
+        shared prompt came with the leader) was reserved by the leader's :meth:`admit`."""
+        call.v_admit = self.v
+        call.v_finish = self.v + call.l_out
+        call.v_finish_pred = self.v + call.l_out_pred
+        self.ctx_sum += call.l_in + 0.5 * call.v_finish - call.v_admit
+        heapq.heappush(self.batch, (call.v_finish, call.uid, call))
+
     def finish_head(self) -> Call:
-        """Remove the call with the smallest virtual finish; the clock is set to it exactly."""
+        """Remove the call with the smallest virtual finish; the clock is set to it exactly.
+
+        Returns the call's ``kv_free`` tokens; a sample group's shared prompt is returned by the
+        simulator when its last member finishes."""
         vf, _, call = heapq.heappop(self.batch)
         self.v = vf
-        self.used_kv -= call.kv_true
+        self.used_kv -= call.kv_free
         self.ctx_sum -= call.l_in + 0.5 * call.v_finish - call.v_admit
         return call
 

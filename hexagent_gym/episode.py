@@ -41,6 +41,12 @@ class EpisodeConfig:
         estimation_error: multiplicative error level e on scheduler-visible estimates.
         planning_latency: seconds from invocation to plan (0 = synchronous) or "measured".
         max_calls_per_decision: window K of calls shown per decision (None = all).
+        prefix_cache: a prefix (KV) cache on every prefill instance (on by default, as in
+            SGLang); False prefills every prompt from scratch.
+        prefix_cache_tokens: tokens each prefill instance's cache holds (None: sized from the
+            instance's KV memory; ``.inf`` in YAML / ``math.inf``: unbounded).
+        prefix_block_tokens: tokens per prompt block for traces without hash ids (None: 512).
+        parallel_sampling: serve a sample group as one request with ``n`` samples.
     """
 
     cluster: str = "hetero-1"
@@ -52,6 +58,10 @@ class EpisodeConfig:
     estimation_error: float = 0.0
     planning_latency: float | str = 0.0
     max_calls_per_decision: int | None = None
+    prefix_cache: bool = True
+    prefix_cache_tokens: float | None = None
+    prefix_block_tokens: int | None = None
+    parallel_sampling: bool = True
 
     def __post_init__(self) -> None:
         src = "episode config"
@@ -78,6 +88,18 @@ class EpisodeConfig:
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
             raise ConfigError(f"{src}: max_calls_per_decision must be an integer >= 1 or null, "
                               f"got {k!r}")
+        for name in ("prefix_cache", "parallel_sampling"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{src}: {name} must be true or false, got "
+                                  f"{getattr(self, name)!r}")
+        c = self.prefix_cache_tokens
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int | float) or not c >= 0):
+            raise ConfigError(f"{src}: prefix_cache_tokens must be a number of tokens >= 0, .inf "
+                              f"(unbounded) or null (sized from memory), got {c!r}")
+        b = self.prefix_block_tokens
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise ConfigError(f"{src}: prefix_block_tokens must be an integer >= 1 or null (512), "
+                              f"got {b!r}")
 
     def replace(self, **changes: Any) -> EpisodeConfig:
         return dataclasses.replace(self, **changes)
@@ -118,15 +140,22 @@ class EpisodeFactory:
     def __init__(self, config: EpisodeConfig) -> None:
         self.config = config
         self.cluster: ClusterSpec = load_cluster(config.cluster)
-        self.trace: Trace = load_trace(config.trace)
+        self.trace: Trace = load_trace(config.trace, config.prefix_block_tokens)
         self.tables = ClusterTables(self.cluster)
-        self.horizons = HorizonCache(self.cluster, self.tables)
+        self.horizons = HorizonCache(self.cluster, self.tables, **self.serving)
         if config.arrival_rate is not None:
             self.arrival_rate: float | None = float(config.arrival_rate)
         elif config.load is not None:
             self.arrival_rate = rate_for_load(self.tables, self.trace.workflows, config.load)
         else:
             self.arrival_rate = None  # replay the trace's arrival_s
+
+    @property
+    def serving(self) -> dict[str, Any]:
+        """The serving options the simulator and the standalone horizons share."""
+        cfg = self.config
+        return {"prefix_cache": cfg.prefix_cache, "prefix_cache_tokens": cfg.prefix_cache_tokens,
+                "parallel_sampling": cfg.parallel_sampling}
 
     @property
     def offered_load(self) -> float | None:
@@ -148,4 +177,4 @@ class EpisodeFactory:
         return Simulator(self.cluster, work, estimation_error=cfg.estimation_error, rng=rng,
                          decisions=decisions, planning_latency=cfg.planning_latency,
                          max_calls_per_decision=cfg.max_calls_per_decision,
-                         horizons=self.horizons, tables=self.tables)
+                         horizons=self.horizons, tables=self.tables, **self.serving)

@@ -24,11 +24,15 @@ class HorizonCache:
     objects recur across episodes; the cache holds a reference to keep each key alive.
     """
 
-    def __init__(self, cluster: ClusterSpec, tables: ClusterTables | None = None) -> None:
+    def __init__(self, cluster: ClusterSpec, tables: ClusterTables | None = None, *,
+                 prefix_cache: bool = True, prefix_cache_tokens: float | None = None,
+                 parallel_sampling: bool = True) -> None:
         from hexagent_gym.planner import ClusterTables
 
         self.cluster = cluster
         self.tables = tables if tables is not None else ClusterTables(cluster)
+        self.serving = {"prefix_cache": prefix_cache, "prefix_cache_tokens": prefix_cache_tokens,
+                        "parallel_sampling": parallel_sampling}
         self._cache: dict[int, tuple[WorkflowSpec, float]] = {}
 
     def get(self, spec: WorkflowSpec) -> float:
@@ -36,7 +40,7 @@ class HorizonCache:
         hit = self._cache.get(id(spec))
         if hit is not None and hit[0] is spec:
             return hit[1]
-        value = standalone_time(self.cluster, spec, self.tables)
+        value = standalone_time(self.cluster, spec, self.tables, **self.serving)
         self._cache[id(spec)] = (spec, value)
         return value
 
@@ -45,14 +49,19 @@ class HorizonCache:
 
 
 def standalone_time(cluster: ClusterSpec, spec: WorkflowSpec,
-                    tables: ClusterTables | None = None) -> float:
-    """Completion time of ``spec`` arriving at t = 0 on the empty cluster, served alone."""
+                    tables: ClusterTables | None = None, *, prefix_cache: bool = True,
+                    prefix_cache_tokens: float | None = None,
+                    parallel_sampling: bool = True) -> float:
+    """Completion time of ``spec`` arriving at t = 0 on the empty cluster, served alone (with a
+    cold prefix cache: only the workflow's own earlier prompts can hit)."""
     from hexagent_gym.planner import ClusterTables
 
     tables = tables if tables is not None else ClusterTables(cluster)
-    if _is_chain(spec):
+    if not prefix_cache and _is_chain(spec):
         return _chain_time(tables, spec)
-    return _simulated_time(cluster, spec, tables)
+    return _simulated_time(cluster, spec, tables, prefix_cache=prefix_cache,
+                           prefix_cache_tokens=prefix_cache_tokens,
+                           parallel_sampling=parallel_sampling)
 
 
 def _is_chain(spec: WorkflowSpec) -> bool:
@@ -78,7 +87,7 @@ def _chain_time(tables: ClusterTables, spec: WorkflowSpec) -> float:
             now = now + cs.tool_latency_s
         call = Call(i, None, i, cs, cs.output_tokens, 1.0, 1.0)
         call.pf_true, call.pf_cls = tables.prefill_times(cs.input_tokens)
-        call.pf_est = call.pf_true
+        call.pf_est = call.pf_cold = call.pf_true
         p, d, _ = earliest_pair(tables, now, [now] * P, zeros_f, zeros_i, zeros_f, call,
                                 _never_binds)
         now = now + call.pf_true[p]
@@ -94,11 +103,13 @@ def _never_binds(d: int, need: float, over: int) -> float:
     raise AssertionError("an empty cluster cannot bind a decode limit for a call that fits")
 
 
-def _simulated_time(cluster: ClusterSpec, spec: WorkflowSpec, tables: ClusterTables) -> float:
+def _simulated_time(cluster: ClusterSpec, spec: WorkflowSpec, tables: ClusterTables,
+                    **serving) -> float:
     from hexagent_gym.arrivals import EpisodeWorkload
     from hexagent_gym.simulator import Simulator
 
     workload = EpisodeWorkload((spec,), np.zeros(1), np.zeros(1, dtype=np.int64))
-    sim = Simulator(cluster, workload, decisions=False, compute_horizons=False, tables=tables)
+    sim = Simulator(cluster, workload, decisions=False, compute_horizons=False, tables=tables,
+                    **serving)
     sim.run_until_decision()
     return sim.workflows[0].finish_t

@@ -162,20 +162,43 @@ class LatencyModel:
     # ---------------------------------------------------------------------------------------------
     # Hot path: scalar arithmetic on precomputed coefficients (see _precompute for their meaning).
 
-    def prefill_time(self, input_tokens: int) -> float:
-        """Seconds to prefill one sequence of ``input_tokens`` new tokens (no cached prefix)."""
+    def prefill_time(self, input_tokens: int, cached_tokens: int = 0) -> float:
+        """Seconds to prefill one prompt of ``input_tokens`` tokens whose first ``cached_tokens``
+        are already in the prefix cache (an "extend" of the uncached suffix).
+
+        The linear layers, all-reduce and MoE experts see only the ``n = input − cached`` new
+        tokens (at least one: a full hit still computes the last token's logits); attention
+        computes ``n`` queries against the whole context, ``2·L·q·(s² − h²)`` FLOPs, and reads the
+        cached prefix's KV once.
+        """
         s = input_tokens
-        lin = s * self._pf_lin_flop
+        if cached_tokens <= 0:
+            lin = s * self._pf_lin_flop
+            if lin < self._lin_mem:
+                lin = self._lin_mem
+            att = s * s * self._pf_att_flop
+            att_mem = s * self._pf_att_mem
+            if att < att_mem:
+                att = att_mem
+            t = lin + att + s * self._ar_tok + self._pf_const
+            if self._moe:
+                exp = s * self._pf_exp_flop
+                exp_mem = self._exp_mem * (1.0 - self._route_miss ** s)
+                t += exp if exp > exp_mem else exp_mem
+            return t
+        h = cached_tokens if cached_tokens < s else s - 1
+        n = s - h
+        lin = n * self._pf_lin_flop
         if lin < self._lin_mem:
             lin = self._lin_mem
-        att = s * s * self._pf_att_flop
-        att_mem = s * self._pf_att_mem
+        att = (s * s - h * h) * self._pf_att_flop
+        att_mem = n * self._pf_att_mem + h * self._kv_read
         if att < att_mem:
             att = att_mem
-        t = lin + att + s * self._ar_tok + self._pf_const
+        t = lin + att + n * self._ar_tok + self._pf_const
         if self._moe:
-            exp = s * self._pf_exp_flop
-            exp_mem = self._exp_mem * (1.0 - self._route_miss ** s)
+            exp = n * self._pf_exp_flop
+            exp_mem = self._exp_mem * (1.0 - self._route_miss ** n)
             t += exp if exp > exp_mem else exp_mem
         return t
 
@@ -306,6 +329,7 @@ class LatencyModel:
         self._pf_att_flop = 2.0 * layers * q_gpu / (peak_bf16 * e.mfu_attention)
         att_tok_bytes = 4.0 * layers * q_gpu + kvb  # q + o activations, plus new KV
         self._pf_att_mem = (att_tok_bytes + kvb) / bw
+        self._kv_read = kvb / bw  # a cached prefix token's KV, read once by an extend
 
         # Decode: LM head for every sequence, so it joins the linear group.
         self._dc_lin_flop = (lin_flops_tok / (peak_lin * e.mfu_decode)

@@ -64,6 +64,11 @@ class EpisodeResult:
             building decision points), without the policy's picks between them.
         policy: name of the policy that ran (informational).
         invocation_seconds: wall time of each invocation (projections + policy picks).
+        prompt_tokens: prompt tokens of every call served.
+        cached_tokens: of those, tokens served from a prefix cache (a sample-group rider's
+            whole prompt counts: its leader's prefill served it).
+        prefill_load: ρ with the cache: prefill-pool seconds of the work actually computed per
+            second of arrivals (``hexagent_gym.load``'s definition at the realised hits).
     """
 
     ratios: np.ndarray
@@ -77,10 +82,24 @@ class EpisodeResult:
     policy: str = ""
     invocation_seconds: np.ndarray = field(default_factory=lambda: np.zeros(0))
     extra: dict[str, Any] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prefill_load: float = math.nan
 
     @property
     def num_workflows(self) -> int:
         return len(self.ratios)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Prompt tokens served from cache ÷ all prompt tokens of the episode's calls."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def faster_than_alone(self) -> float:
+        """Share of workflows that finished sooner than alone (C_w < H_w): others' cached
+        prefixes sped them up."""
+        return float(np.mean(self.ratios < 1.0 - 1e-9)) if len(self.ratios) else math.nan
 
     @property
     def req95(self) -> float:
@@ -123,6 +142,9 @@ class EpisodeResult:
             "scheduler_ms_median": self.scheduler_ms_median,
             "sim_seconds": self.sim_seconds,
             "wall_seconds": self.wall_seconds,
+            "prefix_hit_rate": self.prefix_hit_rate,
+            "prefill_load": self.prefill_load,
+            "faster_than_alone": self.faster_than_alone,
             "ratios": [float(x) for x in self.ratios],
         }
         if include_records:

@@ -49,12 +49,15 @@ class ClusterTables:
         self.pf_models, self.pf_class = _classes([p.latency for p in cluster.prefill])
         self.dec_models, self.dec_class = _classes([d.latency for d in cluster.decode])
         self._pf_cache: dict[int, tuple[list[float], list[float]]] = {}
+        self._pf_hit_cache: dict[tuple[int, int], list[float]] = {}
+        self.pf_class_list = self.pf_class.tolist()
         # prefill instances of one class share speed and network rows: the placement rule only
         # needs the least-loaded member of each class
         self.pf_members = [[p for p, k in enumerate(self.pf_class.tolist()) if k == c]
                            for c in range(len(self.pf_models))]
         self.pf_rep = [m[0] for m in self.pf_members]
         self._xcol_cache: dict[int, list[list[float]]] = {}
+        self._xrow_cache: dict[int, list[list[float]]] = {}
         width = int(self.max_batch.max()) + 2
         base = np.zeros((len(self.dec_models), width))
         slope = np.zeros((len(self.dec_models), width))
@@ -81,6 +84,17 @@ class ClusterTables:
             self._pf_cache[input_tokens] = hit
         return hit
 
+    def prefill_times_hit(self, input_tokens: int, cached: int) -> list[float]:
+        """True prefill seconds per prefill *class* when ``cached`` prompt tokens hit, cached."""
+        if cached <= 0:
+            return self.prefill_times(input_tokens)[1]
+        key = (input_tokens, cached)
+        hit = self._pf_hit_cache.get(key)
+        if hit is None:
+            hit = [lm.prefill_time(input_tokens, cached) for lm in self.pf_models]
+            self._pf_hit_cache[key] = hit
+        return hit
+
     def transfer_cols(self, input_tokens: int) -> list[list[float]]:
         """KV-transfer seconds per (decode instance, prefill class) of a prompt, cached."""
         hit = self._xcol_cache.get(input_tokens)
@@ -88,6 +102,16 @@ class ClusterTables:
             hit = [[self.setup_list[p][d] + input_tokens * self.spt_list[p][d]
                     for p in self.pf_rep] for d in range(self.num_decode)]
             self._xcol_cache[input_tokens] = hit
+        return hit
+
+    def transfer_rows(self, input_tokens: int) -> list[list[float]]:
+        """KV-transfer seconds per (decode instance, prefill instance) of a prompt (uncached:
+        used only for calls with cache hits)."""
+        hit = self._xrow_cache.get(input_tokens)
+        if hit is None:
+            hit = [[self.setup_list[p][d] + input_tokens * self.spt_list[p][d]
+                    for p in range(self.num_prefill)] for d in range(self.num_decode)]
+            self._xrow_cache[input_tokens] = hit
         return hit
 
     def decode_tau(self, count: np.ndarray, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -124,13 +148,19 @@ class CallBatch:
     """Constant per-call arrays of a decision's window, built once and reused at every pick."""
 
     __slots__ = ("pf", "weight", "ctx", "kv_pred", "xfer", "too_big", "any_too_big",
-                 "prefill_inst", "decode_inst", "arrival", "h_est")
+                 "prefill_inst", "decode_inst", "arrival", "h_est", "cached")
 
-    def __init__(self, tables: ClusterTables, calls: list[Call]) -> None:
+    def __init__(self, tables: ClusterTables, calls: list[Call], cache_aware: bool = True) -> None:
         l_in = np.array([c.l_in for c in calls], dtype=np.float64)
         l_out = np.array([c.l_out_pred for c in calls], dtype=np.float64)
         err = np.array([c.dec_err for c in calls])
-        self.pf = np.array([c.pf_est for c in calls])  # (n, P) estimated prefill seconds
+        # (n, P) estimated prefill seconds: with the cache hits each instance offers, or cold
+        self.pf = np.array([c.pf_est if cache_aware else c.pf_cold for c in calls])
+        # (n, P) prompt tokens each prefill instance's cache holds for each call
+        self.cached = np.zeros((len(calls), tables.num_prefill))
+        for i, c in enumerate(calls):
+            if c.cached is not None:
+                self.cached[i] = c.cached
         self.weight = l_out * err  # decode seconds = weight · per-token step time
         self.ctx = l_in + 0.5 * (l_out - 1.0)  # mean own context over the call's decode
         self.kv_pred = l_in + l_out
@@ -281,10 +311,12 @@ class PlanState:
         return new
 
     # -- picks ----------------------------------------------------------------------------------
-    def commit(self, call: Call, p: int, d: int, delta: float, prefill_stage: bool) -> None:
-        """Reserve the picked placement in Ŝ so later projections see it."""
+    def commit(self, call: Call, p: int, d: int, delta: float, prefill_stage: bool,
+               pf: float | None = None) -> None:
+        """Reserve the picked placement in Ŝ so later projections see it (``pf``: the prefill
+        seconds the projection used on p; default the call's cache-aware ``pf_est[p]``)."""
         if prefill_stage:
-            self.free[p] += call.pf_est[p]
+            self.free[p] += call.pf_est[p] if pf is None else pf
             self.pf_tokens[p] += call.l_in
         self.dec_tokens[d] += call.kv_pred
         self.dec_count[d] += 1
@@ -337,17 +369,23 @@ def earliest_pair(tables: ClusterTables, now: float, free: list[float], tokens: 
     Returns:
         (p, d, Δ) with Δ in seconds from ``now``.
     """
-    # least-loaded member of each prefill class (lowest index on ties): (free + prefill, p)
-    cands = []
-    pf = call.pf_cls
-    for k, members in enumerate(tables.pf_members):
-        bp = members[0]
-        bf = free[bp]
-        for p in members[1:]:
-            if free[p] < bf:
-                bp, bf = p, free[p]
-        cands.append((bf + pf[k], bp))
-    xcols = tables.transfer_cols(call.l_in)
+    if call.cached is None:
+        # least-loaded member of each prefill class (lowest index on ties): (free + prefill, p)
+        cands = []
+        pf = call.pf_cls
+        for k, members in enumerate(tables.pf_members):
+            bp = members[0]
+            bf = free[bp]
+            for p in members[1:]:
+                if free[p] < bf:
+                    bp, bf = p, free[p]
+            cands.append((bf + pf[k], bp))
+        xcols = tables.transfer_cols(call.l_in)
+    else:
+        # a cache hit makes instances of one class differ: every instance is a candidate
+        pf = call.pf_est
+        cands = [(free[p] + pf[p], p) for p in range(len(pf))]
+        xcols = tables.transfer_rows(call.l_in)
     top = tables.batch_top
     l_out = call.l_out_pred
     weight = l_out * call.dec_err
@@ -388,7 +426,7 @@ def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
     for c in planned:  # a call being (re-)planned gives up its current place in Ŝ
         if c.decode_inst >= 0:
             if prefill_stage:
-                work[c.prefill_inst] -= c.pf_est[c.prefill_inst]
+                work[c.prefill_inst] -= c.pf_queued
                 pf_tokens[c.prefill_inst] -= c.l_in
             d = c.decode_inst
             tokens[d] -= c.kv_pred
@@ -397,7 +435,7 @@ def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
     free = np.empty(tables.num_prefill)
     for i, inst in enumerate(prefill):
         run = inst.running
-        f = now if run is None else max(now, run.prefill_start + run.pf_est[i])
+        f = now if run is None else max(now, run.prefill_start + run.pf_run)
         free[i] = f + max(work[i], 0.0)
     state = PlanState(tables, now, free, tokens, count, ctx, decode, exclude)
     state.pf_tokens = np.array(pf_tokens, dtype=np.float64)

@@ -15,6 +15,7 @@ exposed and every call follows the fallback (FIFO order, earliest projected fini
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -37,6 +38,13 @@ from hexagent_gym.events import EventQueue, Phase
 from hexagent_gym.horizon import HorizonCache
 from hexagent_gym.metrics import EpisodeResult, WorkflowRecord
 from hexagent_gym.planner import ClusterTables, earliest_pair, snapshot
+from hexagent_gym.serving import (
+    build_caches,
+    call_riders,
+    check_group_width,
+    form_group,
+    workload_block_tokens,
+)
 from hexagent_gym.workload import check_kv_demand
 
 if TYPE_CHECKING:
@@ -63,13 +71,21 @@ class Simulator:
         horizons: cache of standalone horizons H_w to share across episodes on this cluster.
         tables: precomputed cluster tables to share across episodes.
         compute_horizons: compute H_w for each workflow (the standalone runs themselves don't).
+        prefix_cache: keep a prefix (KV) cache on every prefill instance
+            (:mod:`hexagent_gym.prefix_cache`); a prefill then computes only its uncached suffix.
+        prefix_cache_tokens: KV tokens each prefill instance's cache holds: None sizes it from
+            the instance's KV memory, ``math.inf`` makes it unbounded.
+        parallel_sampling: serve a sample group (the ``n`` samples of one request) as one
+            request: one prefill and one transfer, decode sharing the prompt's KV.
     """
 
     def __init__(self, cluster: ClusterSpec, workload: EpisodeWorkload, *,
                  estimation_error: float = 0.0, rng: np.random.Generator | None = None,
                  decisions: bool = True, planning_latency: float | str = 0.0,
                  max_calls_per_decision: int | None = None, horizons: HorizonCache | None = None,
-                 tables: ClusterTables | None = None, compute_horizons: bool = True) -> None:
+                 tables: ClusterTables | None = None, compute_horizons: bool = True,
+                 prefix_cache: bool = True, prefix_cache_tokens: float | None = None,
+                 parallel_sampling: bool = True) -> None:
         if not 0.0 <= estimation_error < 1.0:
             raise ValueError(f"estimation_error must be in [0, 1), got {estimation_error}")
         if planning_latency != "measured" and not (
@@ -81,13 +97,21 @@ class Simulator:
                              f"{max_calls_per_decision}")
         self.cluster = cluster
         self.tables = tables if tables is not None else ClusterTables(cluster)
+        self.prefix_cache = bool(prefix_cache)
+        self.parallel_sampling = bool(parallel_sampling)
+        self.block_tokens = workload_block_tokens(workload.workflows)
+        self.caches = build_caches(cluster, prefix_cache_tokens, self.block_tokens) \
+            if prefix_cache else None
         if compute_horizons:
-            self.horizons = horizons if horizons is not None else HorizonCache(cluster, self.tables)
+            self.horizons = horizons if horizons is not None else HorizonCache(
+                cluster, self.tables, prefix_cache=prefix_cache,
+                prefix_cache_tokens=prefix_cache_tokens, parallel_sampling=parallel_sampling)
         else:
             self.horizons = None
         self.workload = workload
         check_kv_demand(workload.workflows, cluster.max_decode_kv_tokens,
-                        f"cluster '{cluster.name}'")
+                        f"cluster '{cluster.name}'", groups=parallel_sampling)
+        check_group_width(workload.workflows, cluster, parallel_sampling)
         self._decide = decisions
         self._latency = planning_latency
         self._window = max_calls_per_decision
@@ -117,6 +141,11 @@ class Simulator:
         self._replan = [False, False]
         self._pending: DecisionPoint | None = None
         self._done_workflows = 0
+        self.prompt_tokens = 0  # prompt tokens of every started call (riders included)
+        self.cached_tokens = 0  # ... of which served from a prefix cache (or a group's prefill)
+        self.pool_seconds = 0.0  # prefill-pool seconds of the computed work (load.pool_seconds)
+        self._pool_weight = [self.tables.pf_class_list.count(k)
+                             for k in range(len(self.tables.pf_models))]
         self._draw_errors(estimation_error, rng)
         self._next_arrival = 0
         self._push_next_arrival()
@@ -200,9 +229,12 @@ class Simulator:
         else:
             ratios = np.ones(len(records))
         last = max((w.finish_t for w in self.workflows), default=0.0)
+        span = float(self.workload.arrivals[-1]) if len(self.workload) else 0.0
         return EpisodeResult(ratios, records, self.num_calls, self.invocations,
                              self.decisions_made, self.scheduler_seconds, last, self._wall,
-                             policy_name, np.array(self.invocation_seconds))
+                             policy_name, np.array(self.invocation_seconds),
+                             prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
+                             prefill_load=self.pool_seconds / span if span > 0 else math.nan)
 
     # -- set-up ---------------------------------------------------------------------------------
     def _draw_errors(self, level: float, rng: np.random.Generator | None) -> None:
@@ -238,6 +270,10 @@ class Simulator:
                 pf_e, dec_e, out_e = err[base + k]
                 c = Call(base + k, wf, k, cs, max(1, round(cs.output_tokens * out_e)), pf_e, dec_e)
             wf.calls[k] = c
+        if self.parallel_sampling:
+            for cs in spec.calls:
+                if cs.riders:
+                    form_group(wf, cs.group)
         self.num_calls += len(spec.calls)
         self._push_next_arrival()
         for c in wf.calls:
@@ -249,20 +285,36 @@ class Simulator:
         call.reveal_t = self.now
         call.reveal_seq = seq = next(self._reveal_seq)
         call.queue_key = (UNPLANNED, seq)
-        times, per_class = self.tables.prefill_times(call.l_in)
-        call.pf_true = times
-        err = call.pf_err
-        if err == 1.0:
-            call.pf_est, call.pf_cls = times, per_class
-        else:
-            call.pf_est = [x * err for x in times]
-            call.pf_cls = [x * err for x in per_class]
-        self._waiting_prefill[call.uid] = call
         wf = call.workflow
         wf.open_calls.append(call)
+        lead = call.lead
+        if lead is not None:  # a sample-group rider: revealed with its leader, rides its prefill
+            call.pf_true, call.pf_cold, call.pf_est, call.pf_cls = (
+                lead.pf_true, lead.pf_cold, lead.pf_est, lead.pf_cls)
+            if self._decide:
+                call.est_duration, call.ef_start, call.ef = (
+                    lead.est_duration, lead.ef_start, lead.ef)
+            return
+        tables = self.tables
+        times, per_class = tables.prefill_times(call.l_in)
+        own = call.spec.own_hit if self.caches is not None else 0
+        if own:  # alone on a cold cache it still reuses its own workflow's earlier prompts
+            alone_cls = tables.prefill_times_hit(call.l_in, own)
+            alone = [alone_cls[k] for k in tables.pf_class_list]
+        else:
+            alone = times
+        call.pf_true = alone
+        err = call.pf_err
+        if err == 1.0:
+            call.pf_cold, call.pf_cls, alone_est = times, per_class, alone
+        else:
+            call.pf_cold = [x * err for x in times]
+            call.pf_cls = [x * err for x in per_class]
+            alone_est = [x * err for x in alone] if own else call.pf_cold
+        call.pf_est = call.pf_cold
+        self._waiting_prefill[call.uid] = call
         if self._decide:
-            est = self.tables.standalone_estimate(call.pf_est, call.l_in, call.l_out_pred,
-                                                  call.dec_err)
+            est = tables.standalone_estimate(alone_est, call.l_in, call.l_out_pred, call.dec_err)
             call.est_duration = est
             start = 0.0
             for pi in call.spec.parents:
@@ -276,20 +328,60 @@ class Simulator:
         if self._eager_fallback:
             self._place_fallback(call)
 
+    def _view(self, call: Call) -> None:
+        """Refresh the scheduler's view of a waiting call against the caches as they are now:
+        ``cached`` tokens per prefill instance and cache-aware ``pf_est``."""
+        caches = self.caches
+        if caches is None:
+            return
+        blocks = call.spec.blocks
+        hits = None
+        for p, cache in enumerate(caches):
+            k = cache.match(blocks)
+            if k:
+                if hits is None:
+                    hits = [0] * len(caches)
+                hits[p] = k
+        if hits is None:
+            call.cached = None
+            call.pf_est = call.pf_cold
+            return
+        tables, block, l_in, err = self.tables, self.block_tokens, call.l_in, call.pf_err
+        cls = tables.pf_class_list
+        est = []
+        for p, k in enumerate(hits):
+            h = k * block
+            h = hits[p] = h if h < l_in else l_in
+            est.append(tables.prefill_times_hit(l_in, h)[cls[p]] * err)
+        call.cached = hits
+        call.pf_est = est
+
     def _on_prefill_done(self, p: int) -> None:
         inst = self.prefill[p]
         call = inst.running
         inst.running = None
         call.prefill_end = self.now
         call.state = CallState.TRANSFER
+        if self.caches is not None:
+            call.held = self.caches[p].insert(call.spec.blocks, call.held)
         d = call.decode_inst
         xfer = self.tables.setup_list[p][d] + call.l_in * self.tables.spt_list[p][d]
         call.transfer_end = self.now + xfer
+        if call.width > 1:
+            for r in call_riders(call):
+                r.state = CallState.TRANSFER
+                r.prefill_end = self.now
+                r.transfer_end = call.transfer_end
         self.events.push(call.transfer_end, Phase.TRANSFER_DONE, call)
         self._mark_prefill(p)
 
     def _on_transfer_done(self, call: Call) -> None:
+        if self.caches is not None:  # its KV has left: the prompt's blocks become evictable
+            self.caches[call.prefill_inst].unlock(call.spec.blocks, call.held)
         call.state = CallState.WAITING_DECODE
+        if call.width > 1:
+            for r in call_riders(call):
+                r.state = CallState.WAITING_DECODE
         call.queue_key = (UNPLANNED, next(self._fifo_seq))
         self.decode[call.decode_inst].waiting.append(call)
         self._waiting_decode[call.uid] = call
@@ -318,9 +410,18 @@ class Simulator:
         now = self.now
         call.state = CallState.DONE
         call.finish_t = now
-        inst.committed_pred -= call.kv_pred
-        inst.committed_count -= 1
-        inst.sched_ctx -= call.l_in + 0.5 * call.l_out_pred
+        lead = call.lead if call.lead is not None else (call if call.width > 1 else None)
+        if lead is None:
+            inst.committed_pred -= call.kv_pred
+            inst.committed_count -= 1
+            inst.sched_ctx -= call.l_in + 0.5 * call.l_out_pred
+        else:
+            lead.group_left -= 1
+            if lead.group_left == 0:  # the group's last sample: its prompt and plan go too
+                inst.used_kv -= lead.l_in
+                inst.committed_pred -= lead.kv_pred
+                inst.committed_count -= 1
+                inst.sched_ctx -= lead.l_in + 0.5 * lead.l_out_pred
         wf = call.workflow
         wf.open_calls.remove(call)
         parent_service = 0.0
@@ -366,12 +467,43 @@ class Simulator:
 
     def _start_prefill(self, inst: PrefillInstance, call: Call) -> None:
         p = inst.index
+        now = self.now
         del self._waiting_prefill[call.uid]
         call.state = CallState.PREFILL
-        call.prefill_start = self.now
-        inst.queued_est = inst.queued_est - call.pf_est[p] if inst.queue else 0.0
+        call.prefill_start = now
+        inst.queued_est = inst.queued_est - call.pf_queued if inst.queue else 0.0
         inst.running = call
-        self.events.push(self.now + call.pf_true[p], Phase.PREFILL_DONE, p)
+        l_in = call.l_in
+        tables = self.tables
+        caches = self.caches
+        if caches is None:
+            duration = call.pf_true[p]
+            call.pf_run = call.pf_est[p]
+            hit = 0
+        else:
+            k = caches[p].lock(call.spec.blocks, -1)
+            call.held = k
+            hit = k * self.block_tokens
+            if hit > l_in:
+                hit = l_in
+            duration = tables.prefill_times_hit(l_in, hit)[tables.pf_class_list[p]]
+            call.pf_run = duration * call.pf_err
+        call.hit = hit
+        self.prompt_tokens += l_in
+        self.cached_tokens += hit
+        per_class = tables.prefill_times_hit(l_in, hit)
+        self.pool_seconds += 1.0 / sum(w / t for w, t in zip(self._pool_weight, per_class,
+                                                             strict=True))
+        call.workflow.last_prefill = p
+        if call.width > 1:
+            for r in call_riders(call):
+                r.state = CallState.PREFILL
+                r.prefill_start = now
+                r.prefill_inst, r.decode_inst = p, call.decode_inst
+                r.hit = r.l_in
+                self.prompt_tokens += r.l_in
+                self.cached_tokens += r.l_in
+        self.events.push(now + duration, Phase.PREFILL_DONE, p)
 
     def _admit(self, inst: DecodeInstance) -> None:
         waiting = inst.waiting
@@ -379,7 +511,8 @@ class Simulator:
         while waiting and len(inst.batch) < inst.max_batch:
             best = head_index(waiting)
             call = waiting[best]
-            if inst.used_kv + call.kv_true > inst.capacity:
+            if inst.used_kv + call.kv_true > inst.capacity or (
+                    call.width > 1 and len(inst.batch) + call.width > inst.max_batch):
                 break  # strict queue order: no smaller call overtakes the head
             waiting.pop(best)
             del self._waiting_decode[call.uid]
@@ -387,6 +520,13 @@ class Simulator:
             call.state = CallState.DECODE
             call.decode_start = self.now
             inst.admit(call, self.now)
+            call.workflow.last_decode = inst.index
+            if call.width > 1:
+                call.group_left = call.width
+                for r in call_riders(call):
+                    r.state = CallState.DECODE
+                    r.decode_start = self.now
+                    inst.admit_rider(r, self.now)
             admitted = True
         if admitted:
             delay = inst.rerate()
@@ -409,6 +549,9 @@ class Simulator:
         k = self._window
         calls = list(waiting.values()) if k is None else list(itertools.islice(
             waiting.values(), k))
+        if stage == Stage.PREFILL and self.caches is not None:
+            for c in calls:
+                self._view(c)
         state = snapshot(self.tables, self.now, self.prefill, self.decode, calls,
                          stage == Stage.PREFILL)
         self.invocations += 1
@@ -471,10 +614,11 @@ class Simulator:
         Reads the live state directly; Ŝ is only built when a decode limit binds.
         """
         now = self.now
+        self._view(call)
         free = []
-        for i, inst in enumerate(self.prefill):
+        for inst in self.prefill:
             run = inst.running
-            f = now if run is None else max(now, run.prefill_start + run.pf_est[i])
+            f = now if run is None else max(now, run.prefill_start + run.pf_run)
             free.append(f + max(inst.queued_est, 0.0))
         dec = self.decode
 
@@ -494,7 +638,8 @@ class Simulator:
         call.decode_inst = d
         inst = self.prefill[p]
         inst.queue.append(call)
-        inst.queued_est += call.pf_est[p]
+        call.pf_queued = call.pf_est[p]
+        inst.queued_est += call.pf_queued
         dec = self.decode[d]
         dec.committed_pred += call.kv_pred
         dec.committed_count += 1
@@ -509,7 +654,7 @@ class Simulator:
             return
         src = self.prefill[p]
         src.queue.remove(call)
-        src.queued_est = src.queued_est - call.pf_est[p] if src.queue else 0.0
+        src.queued_est = src.queued_est - call.pf_queued if src.queue else 0.0
         dec = self.decode[d]
         dec.committed_pred -= call.kv_pred
         dec.committed_count -= 1

@@ -20,41 +20,15 @@ from typing import Any, NoReturn
 import networkx as nx
 
 from hexagent_gym.config import suggest
-
-
-@dataclass(frozen=True, slots=True)
-class CallSpec:
-    """One LLM call of a workflow, as the trace gives it (true values, no estimation error)."""
-
-    id: str
-    """Id unique within the workflow (the trace's ``id``)."""
-    parents: tuple[int, ...]
-    """Indices (into ``WorkflowSpec.calls``) of the calls this one waits for."""
-    children: tuple[int, ...]
-    """Indices of the calls that wait for this one (derived from ``parents``)."""
-    input_tokens: int
-    """Prompt length L_in in tokens (> 0)."""
-    output_tokens: int
-    """True generated length L_out in tokens (> 0)."""
-    tool_latency_s: float
-    """Tool/external wait after the last parent finishes, seconds (>= 0)."""
-    kind: str = ""
-    """Free-form label from the trace (``chat``, ``fc_step``, ``expand`` ...)."""
-
-
-@dataclass(frozen=True, slots=True)
-class WorkflowSpec:
-    """One workflow (agentic program) of a trace."""
-
-    workflow_id: str
-    source: str
-    calls: tuple[CallSpec, ...]
-    """Calls in topological order: every parent index is smaller than its child's index."""
-    arrival_s: float | None = None
-    """Arrival time from the file, or None when the simulator draws arrivals."""
-    line: int = 0
-    """1-based line of the trace file this workflow came from (0 when built in code)."""
-
+from hexagent_gym.prompts import (
+    DEFAULT_BLOCK_TOKENS,
+    TEMPLATE_PREFIX_TOKENS,
+    BlockIds,
+    derive_blocks,
+    num_blocks,
+    own_hit_tokens,
+)
+from hexagent_gym.specs import CallSpec, TraceError, WorkflowSpec, _fail, _where
 
 # --------------------------------------------------------------------------------------------------
 # Loading and validating traces (JSONL schema: shared/traces/README.md)
@@ -65,13 +39,6 @@ TRACE_NAMES = ("sharegpt", "bfcl_v3", "lats", "mixed")
 
 _ALIASES = {"bfcl-v3": "bfcl_v3", "bfcl": "bfcl_v3", "bfclv3": "bfcl_v3"}
 _TRACE_SUFFIXES = (".jsonl", ".jsonl.gz", ".gz", ".json")
-
-
-class TraceError(ValueError):
-    """A trace file or workflow is invalid.
-
-    The message reads ``<file>:<line>: field '<field>': <what is wrong>; <what would be valid>``.
-    """
 
 
 @dataclass(frozen=True)
@@ -98,29 +65,37 @@ class Trace:
         return len(self.workflows)
 
 
-def load_trace(name_or_path: str | Path) -> Trace:
+def load_trace(name_or_path: str | Path, block_tokens: int | None = None) -> Trace:
     """Load a trace by shipped name or by path, validating every workflow.
 
     Args:
         name_or_path: a shipped name from ``TRACE_NAMES`` (case-insensitive; ``bfcl-v3`` and
             ``bfcl`` also mean ``bfcl_v3``) or the path of a ``.jsonl`` / ``.jsonl.gz`` file
-            (gzip is chosen by the ``.gz`` extension).
+            (gzip is chosen by the ``.gz`` extension) in our schema or in one of the public
+            formats of ``hexagent_gym.trace_formats`` (Mooncake, Qwen-Bailian), detected from
+            the first row's keys.
+        block_tokens: tokens per prompt block for files that carry no block size of their own
+            (None: 512). Files with hash ids keep the block size of their format.
 
     Returns:
-        The parsed trace. Results are cached per resolved path and modification time, so loading
-        the same unchanged file twice returns the same (immutable) object.
+        The parsed trace. Results are cached per resolved path, modification time and block
+        size, so loading the same unchanged file twice returns the same (immutable) object.
 
     Raises:
         TraceError: unknown name, unreadable file, or any schema violation (the message names the
             file, the 1-based line and the field).
     """
+    if block_tokens is not None and (isinstance(block_tokens, bool)
+                                     or not isinstance(block_tokens, int) or block_tokens < 1):
+        raise TraceError(f"block_tokens must be an integer >= 1 or None (512), got "
+                         f"{block_tokens!r}")
     path = _resolve_trace(name_or_path)
     try:
         stat = path.stat()
     except OSError as exc:
         raise TraceError(f"cannot read trace file '{path}': {exc.strerror}") from exc
     name = _trace_name_of(path)
-    return _load_cached(str(path), stat.st_mtime_ns, stat.st_size, name)
+    return _load_cached(str(path), stat.st_mtime_ns, stat.st_size, name, block_tokens)
 
 
 def parse_workflow(obj: Any, source: str = "<dict>", line: int = 0) -> WorkflowSpec:
@@ -157,11 +132,12 @@ def make_workflow(calls: list[tuple[int, int, float, list[int]]],
 
 
 def check_kv_demand(trace_or_workflows: Trace | Iterable[WorkflowSpec], max_kv_tokens: int,
-                    source: str | None = None) -> None:
+                    source: str | None = None, groups: bool = False) -> None:
     """Fail early if some call can never be admitted to any decode instance.
 
     A call's KV demand is ``input_tokens + output_tokens``; it must fit the largest KV capacity of
-    any decode instance, otherwise the simulation could never finish it.
+    any decode instance, otherwise the simulation could never finish it. With ``groups`` a sample
+    group decodes as one request: its leader's demand is the prompt plus every sample's output.
 
     Args:
         trace_or_workflows: a ``Trace`` or any iterable of workflows.
@@ -187,6 +163,8 @@ def check_kv_demand(trace_or_workflows: Trace | Iterable[WorkflowSpec], max_kv_t
     for wf in workflows:
         for i, call in enumerate(wf.calls):
             demand = call.input_tokens + call.output_tokens
+            if groups and call.riders:
+                demand += sum(wf.calls[r].output_tokens for r in call.riders)
             if demand > max_kv_tokens:
                 n_bad += 1
                 largest = max(largest, demand)
@@ -242,21 +220,14 @@ def _trace_name_of(path: Path) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _load_cached(path: str, mtime_ns: int, size: int, name: str) -> Trace:
+def _load_cached(path: str, mtime_ns: int, size: int, name: str,
+                 block_tokens: int | None) -> Trace:
     # mtime_ns and size are only part of the cache key: an edited file is parsed again.
     del mtime_ns, size
-    return Trace(name=name, source=path, workflows=_parse_file(Path(path), name))
+    return Trace(name=name, source=path, workflows=_parse_file(Path(path), name, block_tokens))
 
 
 # ---- parsing -------------------------------------------------------------------------------------
-
-def _where(source: str, line: int) -> str:
-    return f"{source}:{line}: " if line else f"{source}: "
-
-
-def _fail(source: str, line: int, field: str, problem: str, valid: str) -> NoReturn:
-    raise TraceError(f"{_where(source, line)}field '{field}': {problem}; {valid}")
-
 
 def _read_text(path: Path) -> str:
     try:
@@ -273,9 +244,15 @@ def _read_text(path: Path) -> str:
                          f"(one UTF-8 JSON object per line)") from exc
 
 
-def _parse_file(path: Path, name: str) -> tuple[WorkflowSpec, ...]:
+def _parse_file(path: Path, name: str, block_tokens: int | None) -> tuple[WorkflowSpec, ...]:
+    from hexagent_gym.trace_formats import detect_format, parse_public
+
     source = str(path)
     text = _read_text(path)
+    fmt = detect_format(text, source)
+    if fmt is not None:
+        return parse_public(fmt, text, source, name)
+    ids = BlockIds()
     workflows: list[WorkflowSpec] = []
     first_line: dict[str, int] = {}
     loads = json.loads
@@ -289,7 +266,12 @@ def _parse_file(path: Path, name: str) -> tuple[WorkflowSpec, ...]:
         except json.JSONDecodeError as exc:
             raise TraceError(f"{source}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno}); "
                              f"each non-blank line must be one JSON object") from None
-        wf = _parse_workflow(obj, source, lineno, default_source=name)
+        wf = _parse_workflow(obj, source, lineno, default_source=name, ids=ids,
+                             block_tokens=block_tokens)
+        if workflows and wf.block_tokens != workflows[0].block_tokens:
+            _fail(source, lineno, "hash_block_tokens", f"{wf.block_tokens} differs from "
+                  f"{workflows[0].block_tokens} on line {workflows[0].line}",
+                  "every workflow of one trace must use the same block size")
         earlier = first_line.get(wf.workflow_id)
         if earlier is not None:
             _fail(source, lineno, "workflow_id", f"duplicate workflow id '{wf.workflow_id}' (lines "
@@ -311,7 +293,11 @@ def _as_id(value: Any) -> str | None:
     return None
 
 
-def _parse_workflow(obj: Any, source: str, line: int, default_source: str) -> WorkflowSpec:
+_DEFAULT_IDS = BlockIds()  # for workflows parsed one at a time (parse_workflow, make_workflow)
+
+
+def _parse_workflow(obj: Any, source: str, line: int, default_source: str,
+                    ids: BlockIds | None = None, block_tokens: int | None = None) -> WorkflowSpec:
     if not isinstance(obj, dict):
         raise TraceError(f"{_where(source, line)}expected a JSON object (a workflow with "
                          f"'workflow_id' and 'calls'), got {type(obj).__name__}")
@@ -377,13 +363,129 @@ def _parse_workflow(obj: Any, source: str, line: int, default_source: str) -> Wo
     for i, parents in enumerate(parents_of):
         for p in parents:
             children[p].append(i)
+    block = _block_size(obj, raw_calls, block_tokens, source, line)
+    prompts, own, group, riders = _prompt_identity(obj, raw_calls, fields, parents_of, index_of,
+                                                   ids or _DEFAULT_IDS, block, source, line)
     calls = tuple(
         CallSpec(id=cid, parents=parents_of[i], children=tuple(children[i]), input_tokens=n_in,
-                 output_tokens=n_out, tool_latency_s=tool, kind=kind)
+                 output_tokens=n_out, tool_latency_s=tool, kind=kind, blocks=prompts[i],
+                 own_hit=own[i], group=group[i], riders=riders[i])
         for i, (cid, n_in, n_out, tool, kind) in enumerate(fields)
     )
     return WorkflowSpec(workflow_id=workflow_id, source=wf_source, calls=calls, arrival_s=arrival,
-                        line=line)
+                        line=line, block_tokens=block)
+
+
+def _positive_int(value: Any) -> bool:
+    return type(value) is int and value >= 1
+
+
+def _block_size(obj: dict, raw_calls: list, default: int | None, source: str,
+                line: int) -> int:
+    """The workflow's block size: ``hash_block_tokens`` (workflow or calls, all equal) or the
+    loader's default."""
+    found: int | None = None
+    places = [("hash_block_tokens", obj)] + [
+        (f"calls[{i}].hash_block_tokens", c) for i, c in enumerate(raw_calls)]
+    for field, holder in places:
+        if "hash_block_tokens" not in holder:
+            continue
+        value = holder["hash_block_tokens"]
+        if not _positive_int(value):
+            _fail(source, line, field, f"got {value!r}", "expected an integer >= 1 (tokens per "
+                  "hash id, e.g. 512 for Mooncake, 16 for Qwen-Bailian)")
+        if found is not None and value != found:
+            _fail(source, line, field, f"{value} differs from {found} given earlier",
+                  "one workflow has one block size")
+        found = value
+    if found is not None:
+        return found
+    return DEFAULT_BLOCK_TOKENS if default is None else default
+
+
+def _prompt_identity(obj: dict, raw_calls: list, fields: list, parents_of: list,
+                     index_of: dict[str, int], ids: BlockIds, block: int, source: str,
+                     line: int) -> tuple[list, list, list, list]:
+    """Validate the optional reuse fields and derive block ids, own hits and sample groups."""
+    n = len(raw_calls)
+    prefix_of = [-1] * n
+    prefix_tokens = [0] * n
+    shared: list[tuple[Any, int] | None] = [None] * n
+    given: list[list[int] | None] = [None] * n
+    meta = obj.get("meta")
+    system: tuple[Any, int] | None = None
+    if isinstance(meta, dict) and "system_prefix_key" in meta:
+        tokens = meta.get("system_prefix_tokens")
+        if not _positive_int(tokens):
+            _fail(source, line, "meta.system_prefix_tokens", f"got {tokens!r}",
+                  "expected an integer >= 1 next to meta.system_prefix_key")
+        system = (("system", str(meta["system_prefix_key"])), tokens)
+    groups: dict[Any, list[int]] = {}
+    for i, call in enumerate(raw_calls):
+        f = f"calls[{i}]"
+        cid, n_in, n_out = fields[i][0], fields[i][1], fields[i][2]
+        if "prefix_of" in call:
+            pid = _as_id(call["prefix_of"])
+            p = index_of.get(pid) if pid is not None else None
+            if p is None or p >= i:
+                _fail(source, line, f"{f}.prefix_of", f"call '{cid}': {call['prefix_of']!r} is "
+                      "not an earlier call of this workflow", "expected the id of a call listed "
+                      "before this one")
+            reuse = call.get("prefix_tokens")
+            if type(reuse) is not int or not 0 <= reuse <= n_in:
+                _fail(source, line, f"{f}.prefix_tokens", f"call '{cid}': got {reuse!r}",
+                      f"expected an integer in [0, input_tokens = {n_in}] next to prefix_of")
+            prefix_of[i] = p
+            # LATS gives approximate counts (a few tokens over the parent's input + output)
+            prefix_tokens[i] = min(reuse, fields[p][1] + fields[p][2])
+        shared[i] = system
+        template = call.get("template")
+        if isinstance(template, str) and template in TEMPLATE_PREFIX_TOKENS:
+            shared[i] = (("template", template), TEMPLATE_PREFIX_TOKENS[template])
+        if "shared_prefix_key" in call:
+            tokens = call.get("shared_prefix_tokens")
+            if not _positive_int(tokens):
+                _fail(source, line, f"{f}.shared_prefix_tokens", f"call '{cid}': got {tokens!r}",
+                      "expected an integer >= 1 next to shared_prefix_key")
+            shared[i] = (("shared", str(call["shared_prefix_key"])), tokens)
+        if "hash_ids" in call:
+            given[i] = _hash_ids(call["hash_ids"], n_in, block, source, line, f, cid)
+        if "sample_group" in call:
+            groups.setdefault(call["sample_group"], []).append(i)
+        del n_out
+    prompts = derive_blocks(ids, block, [x[1] for x in fields], [x[2] for x in fields],
+                            prefix_of, prefix_tokens, shared, given)
+    group = [-1] * n
+    riders: list[tuple[int, ...]] = [()] * n
+    for key, members in groups.items():
+        lead = members[0]
+        for m in members[1:]:
+            if (parents_of[m], fields[m][1], fields[m][3]) != (
+                    parents_of[lead], fields[lead][1], fields[lead][3]):
+                _fail(source, line, f"calls[{m}].sample_group", f"call '{fields[m][0]}' is in "
+                      f"sample group {key!r} with call '{fields[lead][0]}' but differs in "
+                      "parents, input_tokens or tool_latency_s", "the samples of one request "
+                      "share parents, prompt and tool wait; give it another sample_group")
+            prompts[m] = prompts[lead]
+        if len(members) > 1:
+            for m in members:
+                group[m] = lead
+            riders[lead] = tuple(members[1:])
+    own = own_hit_tokens(prompts, [x[1] for x in fields], block)
+    return prompts, own, group, riders
+
+
+def _hash_ids(value: Any, n_in: int, block: int, source: str, line: int, f: str,
+              cid: str) -> list[int]:
+    limit = num_blocks(n_in, block)
+    if not isinstance(value, list) or any(type(v) is not int for v in value):
+        _fail(source, line, f"{f}.hash_ids", f"call '{cid}': got {repr(value)[:60]}",
+              "expected a list of integer block ids")
+    if len(value) > limit:
+        _fail(source, line, f"{f}.hash_ids", f"call '{cid}': {len(value)} ids but "
+              f"input_tokens = {n_in} fills only {limit} blocks of {block} tokens",
+              f"give at most ceil(input_tokens / {block}) ids (or set hash_block_tokens)")
+    return value
 
 
 def _token_count(call: dict, key: str, source: str, line: int, f: str, cid: str) -> int:

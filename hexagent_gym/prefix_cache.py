@@ -1,0 +1,126 @@
+"""A prefill instance's prefix (KV) cache: RadixAttention semantics over chained block ids.
+
+Block ids are chained (``hexagent_gym.prompts``): a block's id fixes every token before it, so a
+flat map of ids is a radix tree whose edges are blocks, and a prompt's match is its longest run
+of leading ids present in the map.
+
+SGLang semantics, at block granularity:
+
+- a prefill *locks* the path it matched when it starts and the blocks it inserts when it ends;
+  the locks hold until its KV has left for the decode instance (the transfer's end);
+- insertion happens when the prefill ends, evicting *unreferenced leaves* in least-recently-used
+  order until the new blocks fit; blocks that cannot fit because everything left is locked are
+  not inserted (their suffix is simply not cached);
+- every match or insert touches the whole path, leaf first, so a parent is always more recently
+  used than its children: the least-recently-used unreferenced block is then always a leaf, and
+  evicting from the front of the LRU order never orphans a cached child.
+
+Capacity is in blocks (``capacity_tokens // block_tokens``); a partial last block occupies a
+whole block, as a page does in a paged KV pool.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+class PrefixCache:
+    """LRU block cache of one prefill instance.
+
+    Args:
+        capacity_tokens: KV tokens the cache may hold (``None``: unbounded).
+        block_tokens: tokens per block.
+    """
+
+    __slots__ = ("block_tokens", "capacity", "_lru", "_refs", "evictions", "inserted")
+
+    def __init__(self, capacity_tokens: int | None, block_tokens: int) -> None:
+        if block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+        if capacity_tokens is not None and capacity_tokens < 0:
+            raise ValueError(f"capacity_tokens must be >= 0 or None, got {capacity_tokens}")
+        self.block_tokens = block_tokens
+        self.capacity = None if capacity_tokens is None else capacity_tokens // block_tokens
+        self._lru: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self._refs: dict[int, int] = {}  # locked block -> lock count
+        self.evictions = 0
+        self.inserted = 0
+
+    def __len__(self) -> int:
+        """Blocks cached now."""
+        return len(self._lru)
+
+    def __contains__(self, block: int) -> bool:
+        return block in self._lru
+
+    def match(self, blocks: Sequence[int]) -> int:
+        """Leading blocks of ``blocks`` that are cached (no side effects)."""
+        lru = self._lru
+        k = 0
+        for b in blocks:
+            if b not in lru:
+                break
+            k += 1
+        return k
+
+    def lock(self, blocks: Sequence[int], k: int) -> int:
+        """Match ``blocks``, touch and lock the matched path; returns the matched count ``k``
+        (the caller passes ``k`` = :meth:`match` when it already knows it, or −1)."""
+        if k < 0:
+            k = self.match(blocks)
+        lru, refs = self._lru, self._refs
+        for i in range(k - 1, -1, -1):  # leaf first: parents end up more recent than children
+            b = blocks[i]
+            lru.move_to_end(b)
+            refs[b] = refs.get(b, 0) + 1
+        return k
+
+    def insert(self, blocks: Sequence[int], start: int) -> int:
+        """Insert ``blocks[start:]`` after a prefill of ``blocks`` whose first ``start`` blocks are
+        locked by it; lock what is inserted. Returns the number of blocks now locked by the
+        prefill (``start`` plus those inserted; they are ``blocks[:returned]``)."""
+        lru, refs = self._lru, self._refs
+        end = start
+        n = len(blocks)
+        cap = self.capacity
+        while end < n:
+            b = blocks[end]
+            if b not in lru:
+                if cap is not None and len(lru) >= cap and not self._evict_one():
+                    break
+                lru[b] = None
+                self.inserted += 1
+            refs[b] = refs.get(b, 0) + 1  # locked at once: a later eviction must not take it
+            end += 1
+        for i in range(end - 1, -1, -1):
+            lru.move_to_end(blocks[i])
+        return end
+
+    def unlock(self, blocks: Sequence[int], k: int) -> None:
+        """Release the locks a prefill holds on ``blocks[:k]``."""
+        refs = self._refs
+        for i in range(k):
+            b = blocks[i]
+            left = refs[b] - 1
+            if left:
+                refs[b] = left
+            else:
+                del refs[b]
+
+    def locked(self) -> int:
+        """Blocks locked now."""
+        return len(self._refs)
+
+    def _evict_one(self) -> bool:
+        refs = self._refs
+        for b in self._lru:
+            if b not in refs:
+                del self._lru[b]
+                self.evictions += 1
+                return True
+        return False
+
+    def blocks(self) -> list[int]:
+        """Cached block ids, least recently used first (for tests and inspection)."""
+        return list(self._lru)

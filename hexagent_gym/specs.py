@@ -1,0 +1,72 @@
+"""The immutable data a trace parses into: calls, workflows, and the trace error type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+from hexagent_gym.prompts import DEFAULT_BLOCK_TOKENS
+
+
+class TraceError(ValueError):
+    """A trace file or workflow is invalid.
+
+    The message reads ``<file>:<line>: field '<field>': <what is wrong>; <what would be valid>``.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class CallSpec:
+    """One LLM call of a workflow, as the trace gives it (true values, no estimation error)."""
+
+    id: str
+    """Id unique within the workflow (the trace's ``id``)."""
+    parents: tuple[int, ...]
+    """Indices (into ``WorkflowSpec.calls``) of the calls this one waits for."""
+    children: tuple[int, ...]
+    """Indices of the calls that wait for this one (derived from ``parents``)."""
+    input_tokens: int
+    """Prompt length L_in in tokens (> 0)."""
+    output_tokens: int
+    """True generated length L_out in tokens (> 0)."""
+    tool_latency_s: float
+    """Tool/external wait after the last parent finishes, seconds (>= 0)."""
+    kind: str = ""
+    """Free-form label from the trace (``chat``, ``fc_step``, ``expand`` ...)."""
+    blocks: tuple[int, ...] = field(default=(), compare=False)
+    """Prompt block ids (``hexagent_gym.prompts``): ``ceil(input_tokens / block_tokens)`` ids of
+    the workflow's block size; equal ids at equal positions are reusable prompt KV. Empty only
+    for specs built by hand: such a call shares nothing. Ids are allocated per load, so they do
+    not take part in ``==`` (they only ever compare with ids of the same load)."""
+    own_hit: int = 0
+    """Prompt tokens that calls listed earlier in the same workflow already hold (the hit it can
+    expect when its workflow runs alone on a cold cache)."""
+    group: int = -1
+    """Sample group (``n > 1`` request): index of the group's leader, which is the group's first
+    call; -1 when the call is not in a group. Members share one prompt and one prefill."""
+    riders: tuple[int, ...] = ()
+    """On a group leader: indices of the other members (they ride its prefill)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowSpec:
+    """One workflow (agentic program) of a trace."""
+
+    workflow_id: str
+    source: str
+    calls: tuple[CallSpec, ...]
+    """Calls in topological order: every parent index is smaller than its child's index."""
+    arrival_s: float | None = None
+    """Arrival time from the file, or None when the simulator draws arrivals."""
+    line: int = 0
+    """1-based line of the trace file this workflow came from (0 when built in code)."""
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    """Tokens per prompt block of the calls' ``blocks``."""
+
+
+def _where(source: str, line: int) -> str:
+    return f"{source}:{line}: " if line else f"{source}: "
+
+
+def _fail(source: str, line: int, field: str, problem: str, valid: str) -> NoReturn:
+    raise TraceError(f"{_where(source, line)}field '{field}': {problem}; {valid}")
