@@ -77,13 +77,22 @@ class LeastLoadedPlacement:
         call = dp.calls[slot]
         if dp.stage == Stage.DECODE:
             return call.prefill_inst, call.decode_inst
-        state = dp.state
-        p = _rotating_argmin(state.pf_tokens, None, self._rr_p)
+        p = self.prefill(dp.state.pf_tokens)
+        return p, self.decode(dp, slot)
+
+    def prefill(self, load: np.ndarray, allowed: np.ndarray | None = None) -> int:
+        """The least-loaded prefill instance by ``load`` (over ``allowed``), ties rotating."""
+        p = _rotating_argmin(load, allowed, self._rr_p)
         self._rr_p = p + 1
-        feasible = call.kv_true <= state.tables.capacity
+        return p
+
+    def decode(self, dp: DecisionPoint, slot: int) -> int:
+        """The decode instance with the fewest committed calls that can hold the slot's KV."""
+        state = dp.state
+        feasible = dp.calls[slot].kv_true <= state.tables.capacity
         d = _rotating_argmin(state.dec_count, feasible, self._rr_d)
         self._rr_d = d + 1
-        return p, d
+        return d
 
 
 def _rotating_argmin(load: np.ndarray, allowed: np.ndarray | None, start: int) -> int:

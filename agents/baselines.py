@@ -1,7 +1,8 @@
 """The paper's baselines, each a small policy over decision points.
 
 All use heterogeneity-unaware, load-balanced placement (:class:`LeastLoadedPlacement`); they
-differ in how they order waiting calls:
+differ in how they order waiting calls (``atlas`` also routes a program's calls to the prefill
+instance that served its previous call, Autellix's program locality):
 
 - ``fcfs``: per-call first come, first served (call reveal order);
 - ``wf-fcfs``: workflow FCFS (workflow arrival order, then reveal order);
@@ -17,7 +18,12 @@ from __future__ import annotations
 import numpy as np
 
 from agents.base import BasePolicy, LeastLoadedPlacement, RankedPolicy
-from hexagent_gym.decisions import DecisionPoint, earliest_finish_pick
+from hexagent_gym.decisions import DecisionPoint, Stage, earliest_finish_pick
+
+ATLAS_OVERLOAD_TOKENS = 16384
+"""ATLAS program locality: a program's prefill instance counts as overloaded when its queued and
+running prompt tokens exceed the least-loaded instance's by more than this many tokens; the call
+is then placed least-loaded instead (a few long agentic prompts of slack)."""
 
 
 class _LoadBalanced(RankedPolicy):
@@ -88,22 +94,37 @@ class Atlas(_LoadBalanced):
     service is promoted to the top level (anti-starvation). The Autellix paper gives no numeric
     constants; ours are documented in docs/agents.md with an ablation.
 
+    Placement (program locality, Autellix's data-locality-aware load balancing): a call goes to
+    the prefill instance of its program's latest started prefill (``workflow.last_prefill``), where
+    the program's KV is likely cached, unless that instance holds more than ``overload_tokens``
+    prompt tokens (queued or running, Ŝ's ``pf_tokens``) beyond the least-loaded instance; then,
+    and for a program's first call, the least-loaded instance. Decode placement is always
+    least-loaded. ``locality=False`` places everything least-loaded (the pre-cache baseline).
+
     Args:
         thresholds: increasing service levels (s) separating the queues.
         beta: starvation ratio that promotes a program to the top queue.
+        locality: route by program locality (default) or purely least-loaded.
+        overload_tokens: locality slack in prompt tokens (default
+            :data:`ATLAS_OVERLOAD_TOKENS` = 16384).
     """
 
     name = "atlas"
 
     def __init__(self, thresholds: tuple[float, ...] = (1.0, 4.0, 16.0),
-                 beta: float = 4.0) -> None:
+                 beta: float = 4.0, locality: bool = True,
+                 overload_tokens: float = ATLAS_OVERLOAD_TOKENS) -> None:
         super().__init__()
         if list(thresholds) != sorted(thresholds) or any(t <= 0 for t in thresholds):
             raise ValueError(f"thresholds must be positive and increasing, got {thresholds}")
         if not beta > 0:
             raise ValueError(f"beta must be > 0, got {beta}")
+        if not overload_tokens >= 0:
+            raise ValueError(f"overload_tokens must be >= 0, got {overload_tokens}")
         self.thresholds = tuple(thresholds)
         self.beta = beta
+        self.locality = bool(locality)
+        self.overload_tokens = float(overload_tokens)
 
     def level(self, service: float, waited: float) -> int:
         """Queue level of a program with ``service`` attained and ``waited`` unserved seconds."""
@@ -119,6 +140,19 @@ class Atlas(_LoadBalanced):
         w = c.workflow
         waited = max(0.0, dp.now - w.arrival - w.service)
         return (self.level(w.service, waited), w.arrival, c.reveal_seq)
+
+    def place(self, dp: DecisionPoint, slot: int) -> tuple[int, int]:
+        if not self.locality or dp.stage == Stage.DECODE:
+            return self._placement(dp, slot)
+        home = dp.calls[slot].workflow.last_prefill
+        load = dp.state.pf_tokens
+        if home < 0 or load[home] - load.min() > self.overload_tokens:
+            return self._placement(dp, slot)
+        return home, self._placement.decode(dp, slot)
+
+    def __repr__(self) -> str:
+        return (f"Atlas(thresholds={self.thresholds}, beta={self.beta}, "
+                f"locality={self.locality}, overload_tokens={self.overload_tokens:g})")
 
 
 class RandomPolicy(BasePolicy):

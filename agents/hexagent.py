@@ -13,6 +13,11 @@ transfer; at the decode stage the earliest capacity-feasible finish on the locke
 Above ``one_pass_threshold`` waiting calls, the ranking is computed once per decision (one-pass
 ordering) and each call is then placed at its argmin under the updated Ŝ, which keeps the
 cost linear in the queue length.
+
+Prefill times in Δ are cache-aware by default: each prefill instance is priced with the prompt
+tokens its prefix cache already holds for the call (``dp.batch.pf``). ``cache_aware=False``
+(registered as ``hexagent-nocache``) plans with the no-cache estimates (``call.pf_cold``) for an
+ablation; the simulator still serves the hits, the planner just does not see them.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from agents.base import BasePolicy
-from hexagent_gym.decisions import DecisionPoint
+from hexagent_gym.decisions import DecisionPoint, Stage
 
 
 def projected_risk(dp: DecisionPoint, delta: np.ndarray) -> np.ndarray:
@@ -39,22 +44,34 @@ class HexAgentPolicy(BasePolicy):
     Args:
         one_pass_threshold: decisions with more waiting calls than this rank once per decision
             instead of after every pick (default 32).
+        cache_aware: project prefill times with each instance's prefix-cache hits (default);
+            False calls ``dp.ignore_cache()`` at every new prefill decision, so Δ uses the
+            no-cache estimates (the policy's name becomes ``hexagent-nocache``).
     """
 
     name = "hexagent"
 
-    def __init__(self, one_pass_threshold: int = 32) -> None:
+    def __init__(self, one_pass_threshold: int = 32, cache_aware: bool = True) -> None:
         if one_pass_threshold < 1:
             raise ValueError(f"one_pass_threshold must be >= 1, got {one_pass_threshold}")
         self.one_pass_threshold = one_pass_threshold
+        self.cache_aware = bool(cache_aware)
+        if not self.cache_aware and not self.name.endswith("-nocache"):
+            self.name = f"{self.name}-nocache"
         self._dp: DecisionPoint | None = None
+        self._seen: DecisionPoint | None = None  # last decision seen (cache view set up)
         self._order: list[int] = []
         self._next = 0
 
     def reset(self, sim) -> None:
         self._dp = None
+        self._seen = None
 
     def pick(self, dp: DecisionPoint) -> tuple[int, int, int]:
+        if dp is not self._seen:
+            self._seen = dp
+            if not self.cache_aware and dp.stage == Stage.PREFILL:
+                dp.ignore_cache()
         if len(dp.calls) > self.one_pass_threshold:
             slot = self._one_pass_slot(dp)
             row = dp.delta_row(slot)
@@ -76,4 +93,14 @@ class HexAgentPolicy(BasePolicy):
         return slot
 
     def __repr__(self) -> str:
-        return f"HexAgentPolicy(one_pass_threshold={self.one_pass_threshold})"
+        extra = "" if self.cache_aware else ", cache_aware=False"
+        return f"HexAgentPolicy(one_pass_threshold={self.one_pass_threshold}{extra})"
+
+
+class HexAgentNoCache(HexAgentPolicy):
+    """HexAgent planning with cache-oblivious prefill estimates (``hexagent-nocache``)."""
+
+    name = "hexagent-nocache"
+
+    def __init__(self, one_pass_threshold: int = 32) -> None:
+        super().__init__(one_pass_threshold, cache_aware=False)

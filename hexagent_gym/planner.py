@@ -51,11 +51,13 @@ class ClusterTables:
         self._pf_cache: dict[int, tuple[list[float], list[float]]] = {}
         self._pf_hit_cache: dict[tuple[int, int], list[float]] = {}
         self.pf_class_list = self.pf_class.tolist()
+        self._pool_cache: dict[tuple[int, int], float] = {}
         # prefill instances of one class share speed and network rows: the placement rule only
         # needs the least-loaded member of each class
         self.pf_members = [[p for p, k in enumerate(self.pf_class.tolist()) if k == c]
                            for c in range(len(self.pf_models))]
         self.pf_rep = [m[0] for m in self.pf_members]
+        self._class_sizes = [len(m) for m in self.pf_members]
         self._xcol_cache: dict[int, list[list[float]]] = {}
         self._xrow_cache: dict[int, list[list[float]]] = {}
         width = int(self.max_batch.max()) + 2
@@ -93,6 +95,17 @@ class ClusterTables:
         if hit is None:
             hit = [lm.prefill_time(input_tokens, cached) for lm in self.pf_models]
             self._pf_hit_cache[key] = hit
+        return hit
+
+    def pool_seconds(self, input_tokens: int, cached: int) -> float:
+        """Prefill-pool seconds of one prompt with ``cached`` tokens hit: its prefill with every
+        instance working on it in parallel at its own speed (``hexagent_gym.load``), cached."""
+        key = (input_tokens, cached)
+        hit = self._pool_cache.get(key)
+        if hit is None:
+            per_class = self.prefill_times_hit(input_tokens, cached)
+            hit = 1.0 / sum(n / t for n, t in zip(self._class_sizes, per_class, strict=True))
+            self._pool_cache[key] = hit
         return hit
 
     def transfer_cols(self, input_tokens: int) -> list[list[float]]:
@@ -343,9 +356,18 @@ class PlanState:
         inst.advance(now)
         rel = []
         step = inst.step
+        groups: dict[int, tuple[float, float]] = {}
         for _, _, c in inst.batch:
             left = c.v_finish_pred - inst.v
-            rel.append((now + max(left, 1.0) * step, float(c.kv_pred)))
+            when = now + max(left, 1.0) * step
+            lead = c.lead if c.lead is not None else c
+            if lead.width == 1:
+                rel.append((when, float(c.kv_pred)))
+            else:  # a sample group frees its reservation with its last sample
+                prev = groups.get(lead.uid)
+                if prev is None or when > prev[0]:
+                    groups[lead.uid] = (when, float(lead.kv_pred))
+        rel.extend(groups.values())
         for c in inst.inbound.values():
             if c.uid not in self._exclude:
                 rel.append((max(c.proj_release, now), float(c.kv_pred)))
@@ -382,10 +404,22 @@ def earliest_pair(tables: ClusterTables, now: float, free: list[float], tokens: 
             cands.append((bf + pf[k], bp))
         xcols = tables.transfer_cols(call.l_in)
     else:
-        # a cache hit makes instances of one class differ: every instance is a candidate
+        # a cache hit makes instances of one class differ: every instance with a hit is a
+        # candidate, plus the least-loaded member without one of each class
         pf = call.pf_est
-        cands = [(free[p] + pf[p], p) for p in range(len(pf))]
-        xcols = tables.transfer_rows(call.l_in)
+        cached = call.cached
+        cands = []
+        for members in tables.pf_members:
+            bp, bf = -1, INF
+            for p in members:
+                if cached[p]:
+                    cands.append((free[p] + pf[p], p))
+                elif free[p] < bf:
+                    bp, bf = p, free[p]
+            if bp >= 0:
+                cands.append((bf + pf[bp], bp))
+        rows = tables.transfer_rows(call.l_in)
+        xcols = [[row[p] for _, p in cands] for row in rows]
     top = tables.batch_top
     l_out = call.l_out_pred
     weight = l_out * call.dec_err

@@ -68,10 +68,12 @@ def run_policy(sim: Simulator, policy: Policy) -> EpisodeResult:
 for _name, _entry in {
     "hexagent": "agents.hexagent:HexAgentPolicy",
     "hexagent-lookahead": "agents.lookahead:HexAgentLookahead",  # one-step lookahead teacher
+    "hexagent-nocache": "agents.hexagent:HexAgentNoCache",  # plans with no-cache prefill times
     "fcfs": "agents.baselines:CallFCFS",
     "wf-fcfs": "agents.baselines:WorkflowFCFS",
     "llf": "agents.baselines:LeastLaxityFirst",
     "atlas": "agents.baselines:Atlas",
+    "sglang-router": "agents.cache_aware:SGLangRouter",  # sgl-router cache_aware load balancer
     "random": "agents.baselines:RandomPolicy",
     "fallback": "agents.baselines:FallbackPolicy",
     "learned": "agents.learned:LearnedPolicy",  # the shipped model (models/), docs/learned.md

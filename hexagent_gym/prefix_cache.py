@@ -64,15 +64,19 @@ class PrefixCache:
             k += 1
         return k
 
-    def lock(self, blocks: Sequence[int], k: int) -> int:
-        """Match ``blocks``, touch and lock the matched path; returns the matched count ``k``
-        (the caller passes ``k`` = :meth:`match` when it already knows it, or −1)."""
+    def lock(self, blocks: Sequence[int], k: int, touch: bool = True) -> int:
+        """Match ``blocks``, lock (and with ``touch``, touch) the matched path; returns the matched
+        count ``k`` (the caller passes ``k`` = :meth:`match` when it already knows it, or −1).
+
+        A prefill that will :meth:`insert` may skip the touch: the insert touches the whole
+        path, and locked blocks cannot be evicted meanwhile."""
         if k < 0:
             k = self.match(blocks)
         lru, refs = self._lru, self._refs
         for i in range(k - 1, -1, -1):  # leaf first: parents end up more recent than children
             b = blocks[i]
-            lru.move_to_end(b)
+            if touch:
+                lru.move_to_end(b)
             refs[b] = refs.get(b, 0) + 1
         return k
 

@@ -144,8 +144,6 @@ class Simulator:
         self.prompt_tokens = 0  # prompt tokens of every started call (riders included)
         self.cached_tokens = 0  # ... of which served from a prefix cache (or a group's prefill)
         self.pool_seconds = 0.0  # prefill-pool seconds of the computed work (load.pool_seconds)
-        self._pool_weight = [self.tables.pf_class_list.count(k)
-                             for k in range(len(self.tables.pf_models))]
         self._draw_errors(estimation_error, rng)
         self._next_arrival = 0
         self._push_next_arrival()
@@ -348,11 +346,12 @@ class Simulator:
             return
         tables, block, l_in, err = self.tables, self.block_tokens, call.l_in, call.pf_err
         cls = tables.pf_class_list
-        est = []
+        est = list(call.pf_cold)
         for p, k in enumerate(hits):
-            h = k * block
-            h = hits[p] = h if h < l_in else l_in
-            est.append(tables.prefill_times_hit(l_in, h)[cls[p]] * err)
+            if k:
+                h = k * block
+                h = hits[p] = h if h < l_in else l_in
+                est[p] = tables.prefill_times_hit(l_in, h)[cls[p]] * err
         call.cached = hits
         call.pf_est = est
 
@@ -481,7 +480,7 @@ class Simulator:
             call.pf_run = call.pf_est[p]
             hit = 0
         else:
-            k = caches[p].lock(call.spec.blocks, -1)
+            k = caches[p].lock(call.spec.blocks, -1, touch=False)
             call.held = k
             hit = k * self.block_tokens
             if hit > l_in:
@@ -491,9 +490,7 @@ class Simulator:
         call.hit = hit
         self.prompt_tokens += l_in
         self.cached_tokens += hit
-        per_class = tables.prefill_times_hit(l_in, hit)
-        self.pool_seconds += 1.0 / sum(w / t for w, t in zip(self._pool_weight, per_class,
-                                                             strict=True))
+        self.pool_seconds += tables.pool_seconds(l_in, hit)
         call.workflow.last_prefill = p
         if call.width > 1:
             for r in call_riders(call):

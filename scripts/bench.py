@@ -39,13 +39,19 @@ def main(argv: list[str] | None = None) -> int:
                         help="allowed relative rise of HexAgent's Req99 (default 0.02)")
     args = parser.parse_args(argv)
 
-    core = bench_core(args.trace, args.cluster, args.num_workflows, args.load, args.seed,
-                      args.repeat)
-    print(f"core (fallback policy) on {core.cluster} / {core.trace}: {core.num_workflows} "
-          f"workflows, {core.num_calls} calls, {core.arrival_rate:.2f} workflows/s "
-          f"(load {args.load})")
-    print(f"  us per simulated call: {core.us_per_call:.1f} (horizons cached), "
-          f"{core.us_per_call_cold:.1f} (including standalone horizons); budget 50")
+    off = None
+    for cache in (False, True):
+        core = bench_core(args.trace, args.cluster, args.num_workflows, args.load, args.seed,
+                          args.repeat, prefix_cache=cache)
+        if not cache:
+            print(f"core (fallback policy) on {core.cluster} / {core.trace}: "
+                  f"{core.num_workflows} workflows, {core.num_calls} calls, "
+                  f"{core.arrival_rate:.2f} workflows/s (load {args.load} without the cache)")
+            off = core
+        ratio = f"; {core.us_per_call / off.us_per_call:.2f}x of off" if cache else ""
+        print(f"  prefix cache {'on ' if cache else 'off'} (hit rate {core.prefix_hit_rate:.2f}):"
+              f" us per simulated call {core.us_per_call:.1f} (horizons cached), "
+              f"{core.us_per_call_cold:.1f} (including standalone horizons){ratio}")
     pol = bench_policy("hexagent", args.trace, args.cluster, args.num_workflows,
                        args.policy_load, args.seed)
     print(f"hexagent planning on {args.cluster} / {args.trace} at load {args.policy_load}: "

@@ -19,8 +19,8 @@ class ToyLatency:
     f: float = 1e-6
     kv_bytes_per_token: int = 1000
 
-    def prefill_time(self, n: int) -> float:
-        return self.a + self.b * n
+    def prefill_time(self, n: int, cached: int = 0) -> float:
+        return self.a + self.b * (n - cached)
 
     def decode_step_time(self, batch: int, ctx: float) -> float:
         return self.c + self.e * batch + self.f * ctx
@@ -30,10 +30,11 @@ class ToyLatency:
 
 
 def toy_cluster(prefill=(ToyLatency(),), decode=(ToyLatency(),), capacity=100_000,
-                max_batch=64, setup=0.001, s_per_token=1e-6, name="toy"):
-    """A duck-typed ClusterSpec: one instance per latency model given."""
+                max_batch=64, setup=0.001, s_per_token=1e-6, name="toy", prefill_kv=0):
+    """A duck-typed ClusterSpec: one instance per latency model given (``prefill_kv``: KV tokens
+    of each prefill instance, i.e. its prefix cache's default size; 0 = no caching)."""
     pre = tuple(SimpleNamespace(role="prefill", index=i, gpu=f"g{i}", tp=1, latency=lm,
-                                kv_capacity_tokens=0, max_batch_size=1)
+                                kv_capacity_tokens=prefill_kv, max_batch_size=1)
                 for i, lm in enumerate(prefill))
     caps = capacity if isinstance(capacity, tuple) else (capacity,) * len(decode)
     dec = tuple(SimpleNamespace(role="decode", index=i, gpu=f"g{i}", tp=1, latency=lm,

@@ -14,7 +14,10 @@ from agents.learned import DEFAULT_MODEL, EquivariantPolicy, LearnedPolicy, make
 th.set_num_threads(1)
 
 TINY = dict(cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=8, seed=3, load=1.5)
-SMALL = dict(cluster="hetero-1", trace="lats", num_workflows=4, seed=1, load=2.0)
+# busy decision points need many calls waiting at once: LATS served without sample groups or
+# prompt reuse (these tests check the network's structure, not the serving regime)
+SMALL = dict(cluster="hetero-1", trace="lats", num_workflows=4, seed=1, load=2.0,
+             prefix_cache=False, parallel_sampling=False)
 
 
 def busy_obs(env, min_calls: int = 3, seed: int = 0):
