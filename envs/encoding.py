@@ -7,6 +7,9 @@ and true horizons never reach an observation.
 Shapes are fixed by ``K`` (call slots), ``P_max`` and ``D_max`` (instance slots); rows beyond the
 live window or the cluster are padding (``present = 0``, Δ = :data:`DELTA_MASKED`). The feature
 lists below are the spec; :class:`~envs.pd_cluster_env.PDClusterEnv` documents units and ranges.
+The ``cached`` key (K, P_max) is the fraction of each call's prompt found in each prefill
+instance's prefix cache at the decision (0 at the decode stage, with the cache off and for
+padding); a policy trained without it ignores it (``agents.learned`` reads keys by name).
 
 Cost notes: per-decision-point features (call lengths, ages, live instance state) are computed once
 when a decision point opens; each step only refreshes what a pick changes (Δ, picked flags, Ŝ's
@@ -140,6 +143,7 @@ class Encoder:
             "prefill": box((p_max, len(PREFILL_FEATURES)), 0.0),
             "decode": box((d_max, len(DECODE_FEATURES)), 0.0),
             "globals": box((len(GLOBAL_FEATURES),), 0.0),
+            "cached": box((k, p_max), 0.0),  # values in [0, 1]; the bound is CLIP like the rest
         })
         # static instance features (present, speed, GPU type, capacity)
         P, D = self.num_prefill, self.num_decode
@@ -162,12 +166,14 @@ class Encoder:
         self._pd_live = P * D
         self._calls_empty = np.zeros((k, len(CALL_FEATURES)), dtype=f32)
         self._grid_empty = np.full((k, p_max, d_max), DELTA_MASKED, dtype=f32)
+        self._cached_empty = np.zeros((k, p_max), dtype=f32)
         # per-decision-point caches, filled by begin()
         self._dp: DecisionPoint | None = None
         self._calls = self._calls_empty.copy()
         self._prefill = self._prefill_static.copy()
         self._decode = self._decode_static.copy()
         self._globals = np.zeros(len(GLOBAL_FEATURES), dtype=f32)
+        self._cached = self._cached_empty.copy()
         self._age = np.zeros(0)
         self._h_est = np.zeros(0)
 
@@ -217,6 +223,16 @@ class Encoder:
         self._calls = table
         self._age = np.array(age)
         self._h_est = np.array(h_est)
+        # prefix-cache hit fractions: fixed within a decision (caches change only between them);
+        # read from the calls' views, not dp.cached, so dp.batch is not built here
+        cached = self._cached_empty.copy()
+        if not decode_stage:
+            P = self.num_prefill
+            for i, c in enumerate(calls):
+                if c.cached is not None:
+                    cached[i, :P] = np.minimum(np.asarray(c.cached, dtype=np.float64)
+                                               / max(c.l_in, 1), 1.0)
+        self._cached = cached
 
         P, D = self.num_prefill, self.num_decode
         pre = self._prefill_static.copy()
@@ -289,7 +305,8 @@ class Encoder:
         else:
             grid.reshape(self.k, pd)[:n] = np.where(fin, scaled, DELTA_MASKED)
             mask[:n * pd] = fin.reshape(-1)
-        obs = {"calls": calls, "delta": grid, "prefill": pre, "decode": dec, "globals": glob}
+        obs = {"calls": calls, "delta": grid, "prefill": pre, "decode": dec, "globals": glob,
+               "cached": self._cached.copy()}
         return obs, mask
 
     def empty(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -303,5 +320,6 @@ class Encoder:
             "prefill": self._prefill_static.copy(),
             "decode": self._decode_static.copy(),
             "globals": glob,
+            "cached": self._cached_empty.copy(),
         }
         return obs, np.zeros(self.num_actions, dtype=bool)

@@ -161,6 +161,11 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
       ``beyond_window`` (log1p of calls of this stage waiting outside the window), ``arrived`` and
       ``finished`` (workflows / N), ``in_system`` (log1p of arrived unfinished workflows),
       ``picks`` (picks made at this decision point / K).
+    - ``cached`` (K, P_max), range [0, 1] (box bound 100 like the rest): the fraction of each
+      call's prompt found in each prefill instance's prefix cache at this decision point
+      (cached tokens / L_in, as ``dp.cached / l_in``); a call's prefill there computes only the
+      rest. 0 at the decode stage, with the prefix cache off, and for empty slots and padded
+      instances. Fixed while the decision point is being picked.
 
     Feature names in order: ``envs.encoding.CALL_FEATURES``, ``PREFILL_FEATURES``,
     ``DECODE_FEATURES``, ``GLOBAL_FEATURES``.

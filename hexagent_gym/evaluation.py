@@ -48,8 +48,11 @@ RECORD_SCHEMA = 1
 
 DEFAULT_POLICIES = ("hexagent", "fcfs", "wf-fcfs", "llf", "atlas")
 DEFAULT_BASELINES = ("wf-fcfs", "llf", "atlas")
-METRICS = ("req95", "req99", "mean_ratio", "max_ratio")
-"""Per-cell metrics a report may tabulate (``report.metrics``)."""
+METRICS = ("req95", "req99", "mean_ratio", "max_ratio", "prefix_hit_rate", "prefill_load",
+           "faster_than_alone")
+"""Per-cell metrics a report may tabulate (``report.metrics``): the SLO scales, the prefix-cache
+hit rate, ρ with the cache (prefill load of the work actually computed) and the share of
+workflows that finished sooner than alone."""
 
 TOP_LEVEL_KEYS = EXPERIMENT_META_KEYS  # the keys load_config leaves for us (and the env ignores)
 GRID_KEYS = ("policies", "clusters", "traces", "seeds", "loads", "estimation_errors",
@@ -149,6 +152,9 @@ def run_cell(cell: Cell, factory: EpisodeFactory | None = None, *,
             "req99": result.req99,
             "mean_ratio": float(ratios.mean()) if len(ratios) else math.nan,
             "max_ratio": float(ratios.max()) if len(ratios) else math.nan,
+            "prefix_hit_rate": result.prefix_hit_rate,
+            "prefill_load": result.prefill_load,
+            "faster_than_alone": result.faster_than_alone,
             "num_workflows": result.num_workflows,
             "num_calls": result.num_calls,
             "invocations": result.invocations,
@@ -1039,7 +1045,9 @@ def summarize(records: Sequence[Mapping[str, Any]], report: Report | None = None
     for row in rows.values():
         for policy, recs in row.records.items():
             recs.sort(key=lambda r: r["cell"]["episode"]["seed"])
-            row.stats[policy] = {m: Stat.of([r["metrics"][m] for r in recs]) for m in METRICS}
+            # records written before a metric existed (resumed runs) lack it: NaN
+            row.stats[policy] = {m: Stat.of([r["metrics"].get(m, math.nan) for r in recs])
+                                 for m in METRICS}
         for m in METRICS:
             present = [b for b in report.baselines if b in row.stats and b != report.reference]
             best = min(present, key=lambda b: row.stats[b][m].mean) if present else None
@@ -1210,7 +1218,8 @@ def report_text(evaluation: Evaluation) -> str:
         parts.append(exp.description)
     ci = "mean ± 95% CI (Student t) over seeds" if len(seeds) > 1 else "one seed"
     parts.append(f"Seeds: {', '.join(map(str, seeds))} ({ci}). ρ = offered prefill load "
-                 f"(hexagent_gym.load), λ = arrival rate.")
+                 f"without prefix reuse (hexagent_gym.load), λ = arrival rate; prefill_load = "
+                 f"ρ of the work actually computed (cache hits removed).")
     if evaluation.failures:
         parts.append(f"**Incomplete**: {len(evaluation.failures)} cells failed and are missing "
                      f"from these tables (their parameters and errors are in {FAILURES_FILE}):\n\n"
