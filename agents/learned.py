@@ -482,6 +482,9 @@ class LearnedPolicy:
         self.equivariant = isinstance(self.policy, EquivariantPolicy)
         self.train_k, self.train_p, self.train_d = (space["calls"].shape[0],
                                                     *space["delta"].shape[1:])
+        # observation keys the model was trained on: newer env keys (e.g. "cached") are dropped
+        # before the model sees them, so models saved before a key was added keep working
+        self.keys = tuple(space.spaces)
         self.k = k
         self.time_scale = float(time_scale)
         self.deterministic = deterministic
@@ -529,6 +532,7 @@ class LearnedPolicy:
             self._dp = dp
             enc.begin(self._sim, dp, len(self._sim.workload.workflows))
         obs, mask = enc.observe()
+        obs = self.known(obs)
         if self._fast:
             return enc.decode_action(self.policy.greedy_action(obs, mask))
         action, _ = self.predict(obs, action_masks=mask, deterministic=self.deterministic)
@@ -538,9 +542,17 @@ class LearnedPolicy:
     def predict(self, observation: dict[str, np.ndarray], state: Any = None,
                 episode_start: Any = None, deterministic: bool = True,
                 action_masks: np.ndarray | None = None) -> tuple[np.ndarray, Any]:
-        """The model's ``predict`` (SB3 semantics; the equivariant policy takes any shapes)."""
-        return self.policy.predict(observation, state, episode_start, deterministic,
+        """The model's ``predict`` (SB3 semantics; the equivariant policy takes any shapes).
+        Observation keys the model was not trained on are ignored."""
+        return self.policy.predict(self.known(observation), state, episode_start, deterministic,
                                    action_masks=action_masks)
+
+    def known(self, observation: Any) -> Any:
+        """``observation`` without the keys the model was not trained on (a Dict observation
+        from a newer env); anything else unchanged."""
+        if isinstance(observation, dict) and any(k not in self.keys for k in observation):
+            return {k: observation[k] for k in self.keys}
+        return observation
 
     def __repr__(self) -> str:
         kind = "equivariant" if self.equivariant else "mlp"

@@ -15,12 +15,14 @@ from pathlib import Path
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.policy import make_policy, run_policy
 
-CI_CASES = (  # (cluster, trace, workflows, load): seconds each on 2 cores
-    ("hetero-1", "bfcl_v3", 150, 1.1),
-    ("hetero-1", "mixed", 30, 1.2),
-    ("qwen-hetero-1", "sharegpt", 100, 1.1),
+CI_CASES = (  # (cluster, trace, workflows, arrival rate /s): the paper's rates, prefix cache on
+    ("hetero-1", "bfcl_v3", 150, 40.0),
+    ("hetero-1", "mixed", 30, 10.0),
+    ("hetero-1", "lats", 10, 40.0),
+    ("qwen-hetero-1", "sharegpt", 100, 10.0),
 )
-CI_POLICIES = ("hexagent", "hexagent-lookahead", "fcfs", "wf-fcfs", "llf", "atlas", "random")
+CI_POLICIES = ("hexagent", "hexagent-lookahead", "hexagent-nocache", "fcfs", "wf-fcfs", "llf",
+               "atlas", "sglang-router", "random")
 REFERENCE = "hexagent"
 
 
@@ -29,7 +31,7 @@ class CaseResult:
     cluster: str
     trace: str
     num_workflows: int
-    load: float
+    arrival_rate: float
     policy: str
     req95: float
     req99: float
@@ -38,22 +40,22 @@ class CaseResult:
 
     @property
     def key(self) -> str:
-        return f"{self.cluster}/{self.trace}/{self.num_workflows}@{self.load}"
+        return f"{self.cluster}/{self.trace}/{self.num_workflows}@{self.arrival_rate:g}/s"
 
 
 def run_ci_cases(cases=CI_CASES, policies=CI_POLICIES, seed: int = 0) -> list[CaseResult]:
     """Run every policy on every case; a crashing policy is recorded with its error."""
     out = []
-    for cluster, trace, n, load in cases:
+    for cluster, trace, n, rate in cases:
         factory = EpisodeFactory(EpisodeConfig(cluster=cluster, trace=trace, num_workflows=n,
-                                               load=load, seed=seed))
+                                               load=None, arrival_rate=rate, seed=seed))
         for name in policies:
             try:
                 res = run_policy(factory.simulator(), make_policy(name))
-                out.append(CaseResult(cluster, trace, n, load, name, res.req95, res.req99,
+                out.append(CaseResult(cluster, trace, n, rate, name, res.req95, res.req99,
                                       res.scheduler_ms_per_invocation))
             except Exception as exc:  # reported, and fails the check
-                out.append(CaseResult(cluster, trace, n, load, name, math.nan, math.nan,
+                out.append(CaseResult(cluster, trace, n, rate, name, math.nan, math.nan,
                                       math.nan, f"{type(exc).__name__}: {exc}"))
     return out
 

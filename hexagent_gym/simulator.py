@@ -488,6 +488,7 @@ class Simulator:
             duration = tables.prefill_times_hit(l_in, hit)[tables.pf_class_list[p]]
             call.pf_run = duration * call.pf_err
         call.hit = hit
+        call.cached = None  # the scheduler's view of waiting calls only
         self.prompt_tokens += l_in
         self.cached_tokens += hit
         self.pool_seconds += tables.pool_seconds(l_in, hit)

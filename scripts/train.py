@@ -193,8 +193,12 @@ def main(argv: list[str] | None = None) -> int:
                       clip_range=args.clip_range, ent_coef=args.ent_coef, device="cpu",
                       verbose=0)
     if args.load_model:
-        model = MaskablePPO.load(args.load_model, env=vec, device="cpu", **{
-            k: v for k, v in ppo_kwargs.items() if k not in ("device", "verbose")})
+        # models saved before an observation key existed (e.g. `cached`) load against today's
+        # space; the network reads only the keys it was built for
+        model = MaskablePPO.load(args.load_model, env=vec, device="cpu",
+                                 custom_objects={"observation_space": vec.observation_space}, **{
+                                     k: v for k, v in ppo_kwargs.items()
+                                     if k not in ("device", "verbose")})
     else:
         policy_kwargs = ({"hidden": args.hidden, "prior": args.prior}
                          if args.policy == "equivariant" else None)

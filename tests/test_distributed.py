@@ -76,7 +76,8 @@ def test_a_failing_cell_is_reported_and_the_others_are_kept(tmp_path):
     assert ev.records == good.records
     assert set(read_cells(tmp_path / CELLS_FILE)) == {r["key"] for r in good.records}
     lines = [json.loads(x) for x in (tmp_path / FAILURES_FILE).read_text().splitlines()]
-    assert [x["key"] for x in lines] == [f.key for f in ev.failures]
+    # the file is appended as chunks finish (completion order), the result keeps grid order
+    assert sorted(x["key"] for x in lines) == sorted(f.key for f in ev.failures)
     report = format_failures(ev.failures, 6)
     assert report.startswith("2 of 6 cells failed") and report.count("FAILED llf") == 2
     assert '"policy_kwargs": {"bogus": 1}' in report and "seed 1" in report

@@ -188,6 +188,11 @@ def test_sample_group_members_must_share_parents_and_prompt():
 def test_random_dags_hit_at_most_the_prompt_and_fit_the_cache(rows, capacity_blocks, n_pre):
     calls = []
     for i, (n_in, n_out, back, reuse, group) in enumerate(rows):
+        if group and calls:  # another sample of the previous call's request
+            p_in, _, p_parents, p_extra = calls[-1]
+            p_extra.setdefault("sample_group", f"g{i}")
+            calls.append((p_in, n_out, p_parents, dict(p_extra)))
+            continue
         parents = [i - 1 - back] if i - 1 - back >= 0 else []
         extra = {}
         if parents:
@@ -202,6 +207,7 @@ def test_random_dags_hit_at_most_the_prompt_and_fit_the_cache(rows, capacity_blo
             assert 0 <= c.hit <= c.l_in
     assert all(len(c) <= capacity_blocks for c in sim.caches)
     assert all(c.locked() == 0 for c in sim.caches)
+    assert all(d.used_kv == 0 for d in sim.decode)  # every sample group returned its prompt
     assert 0.0 <= res.prefix_hit_rate <= 1.0
 
 

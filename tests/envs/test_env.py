@@ -67,7 +67,7 @@ def test_spaces_have_the_documented_shapes(env):
     shapes = {k: s.shape for k, s in env.observation_space.spaces.items()}
     assert shapes == {"calls": (16, len(CALL_FEATURES)), "delta": (16, 2, 2),
                       "prefill": (2, len(PREFILL_FEATURES)), "decode": (2, len(DECODE_FEATURES)),
-                      "globals": (len(GLOBAL_FEATURES),)}
+                      "globals": (len(GLOBAL_FEATURES),), "cached": (16, 2)}
     assert all(s.dtype == np.float32 for s in env.observation_space.spaces.values())
 
 
@@ -388,7 +388,8 @@ def test_config_mapping_and_overrides(tmp_path):
 
 def test_shipped_evaluation_experiments_are_valid_configs():
     env = hexagent_gym.make("default", num_workflows=8)
-    assert env.config.cluster == "hetero-1" and env.config.load == 1.0  # from the file
+    assert env.config.cluster == "hetero-1" and env.config.arrival_rate == 40.0  # from the file
+    assert env.config.load is None
     env.reset(seed=0)
     with pytest.raises(ConfigError, match="unknown key 'grid'"):
         hexagent_gym.make(**TINY, grid={})  # only a file's evaluation keys are ignored
