@@ -223,3 +223,19 @@ def test_mooncake_replay_on_one_prefill_instance_reaches_the_ideal_reuse_exactly
     ideal = ideal_prefix_hit_rate(trace.workflows)
     assert 0.2 < ideal < 0.9
     assert res.prefix_hit_rate == ideal
+
+
+@pytest.mark.parametrize("trace,policy", [("bfcl_v3", "hexagent"), ("sharegpt", "hexagent"),
+                                          ("lats", "fallback"), ("mixed", "fallback")])
+def test_a_workflow_alone_meets_its_horizon_exactly_with_the_cache(trace, policy):
+    # H_w is the workflow alone on a cold cache: served alone, with its own reuse, it takes H_w
+    # (chains under HexAgent's earliest-finish placement; any DAG under the fallback)
+    cluster = load_cluster("hetero-1")
+    flows = load_trace(trace).workflows[:4]
+    for spec in flows:
+        sim = Simulator(cluster, episode(spec))
+        res = run_policy(sim, make_policy(policy))
+        assert res.ratios[0] == pytest.approx(1.0, abs=1e-12)
+        if trace == "bfcl_v3":  # a ~6k-token multi-turn chain stays where its prompt is cached
+            assert [c.hit for c in sim.workflows[0].calls] == [c.own_hit for c in spec.calls]
+            assert res.prefix_hit_rate > 0.5
