@@ -1,6 +1,6 @@
 """Env speed: ``step``/s with a random valid policy, next to CartPole-v1 in the same run.
 
-``scripts/bench.py`` prints both; DESIGN §7 budgets ≥ 10k steps/s so SB3 PPO stays policy-bound.
+``scripts/bench.py`` prints both; the budget is ≥ 10k steps/s so SB3 PPO stays policy-bound.
 """
 
 from __future__ import annotations
@@ -26,6 +26,12 @@ class EnvBench:
     episodes: int  # episodes started per timed run (resets included in the timing)
     steps_per_s: float
     cartpole_steps_per_s: float
+    decisions: int = 0  # decision points opened per timed run
+
+    @property
+    def picks_per_decision(self) -> float:
+        """Steps per decision point: a step's cost is mostly its decision point's when low."""
+        return self.steps / self.decisions if self.decisions else float("nan")
 
     @property
     def us_per_step(self) -> float:
@@ -33,18 +39,19 @@ class EnvBench:
 
 
 def random_valid_steps(env: PDClusterEnv, steps: int, rng: np.random.Generator,
-                       seed: int = 0) -> int:
+                       seed: int = 0) -> tuple[int, int]:
     """Step ``env`` with uniformly random valid actions for ``steps`` steps (resetting at episode
-    ends); returns the number of episodes started."""
+    ends); returns (episodes started, decision points opened)."""
     env.reset(seed=seed)
-    episodes = 1
+    episodes, decisions = 1, 0
     for _ in range(steps):
         valid = np.flatnonzero(env.action_masks())
         _, _, terminated, truncated, _ = env.step(valid[rng.integers(len(valid))])
         if terminated or truncated:
+            decisions += env.simulator.invocations
             env.reset()
             episodes += 1
-    return episodes
+    return episodes, decisions + env.simulator.invocations
 
 
 def bench_cartpole(steps: int, rng: np.random.Generator) -> float:
@@ -76,7 +83,7 @@ def bench_env(cluster: str = "hetero-1", trace: str = "bfcl_v3", num_workflows: 
     best, episodes = 0.0, 0
     for _ in range(repeat):
         t0 = time.perf_counter()
-        episodes = random_valid_steps(env, steps, rng, seed)
+        episodes, decisions = random_valid_steps(env, steps, rng, seed)
         best = max(best, steps / (time.perf_counter() - t0))
     cart = max(bench_cartpole(steps, rng) for _ in range(repeat))
-    return EnvBench(cluster, trace, num_workflows, env.k, steps, episodes, best, cart)
+    return EnvBench(cluster, trace, num_workflows, env.k, steps, episodes, best, cart, decisions)

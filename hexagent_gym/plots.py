@@ -29,6 +29,8 @@ _STYLE = {
     "fallback": {"color": "#000000", "lw": 1.2, "ls": "--"},
     "hexagent-lookahead": {"color": "#ff7f0e", "lw": 1.8, "ls": "--", "zorder": 6},
     "learned": {"color": "#17becf", "lw": 2.0, "zorder": 7},
+    "sglang-router": {"color": "#e377c2", "lw": 1.5},
+    "hexagent-nocache": {"color": "#bcbd22", "lw": 1.8, "ls": "--", "zorder": 4},
 }
 
 

@@ -62,11 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     if importlib.util.find_spec("envs.benchmark") is not None:
         from envs.benchmark import bench_env
 
-        env = bench_env(cluster=args.cluster, trace=args.trace, num_workflows=args.num_workflows,
-                        repeat=args.repeat)
-        print(f"env steps/s (random valid actions, K={env.k}) on {args.cluster} / "
-              f"{args.trace}: {env.steps_per_s:.0f} ({env.us_per_step:.1f} us/step); "
-              f"CartPole-v1 in the same run: {env.cartpole_steps_per_s:.0f}; budget 10000")
+        for label, serving in (("prefix cache on", {}),
+                               ("prefix cache off", {"prefix_cache": False,
+                                                     "parallel_sampling": False})):
+            env = bench_env(cluster=args.cluster, trace=args.trace,
+                            num_workflows=args.num_workflows, repeat=args.repeat, **serving)
+            print(f"env steps/s (random valid actions, K={env.k}) on {args.cluster} / "
+                  f"{args.trace}, {label}: {env.steps_per_s:.0f} ({env.us_per_step:.1f} "
+                  f"us/step, {env.picks_per_decision:.2f} picks per decision point); "
+                  f"CartPole-v1 in the same run: {env.cartpole_steps_per_s:.0f}; budget 10000")
 
     if not args.ci:
         return 0
