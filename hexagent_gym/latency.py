@@ -172,21 +172,8 @@ class LatencyModel:
         cached prefix's KV once.
         """
         s = input_tokens
-        if cached_tokens <= 0:
-            lin = s * self._pf_lin_flop
-            if lin < self._lin_mem:
-                lin = self._lin_mem
-            att = s * s * self._pf_att_flop
-            att_mem = s * self._pf_att_mem
-            if att < att_mem:
-                att = att_mem
-            t = lin + att + s * self._ar_tok + self._pf_const
-            if self._moe:
-                exp = s * self._pf_exp_flop
-                exp_mem = self._exp_mem * (1.0 - self._route_miss ** s)
-                t += exp if exp > exp_mem else exp_mem
-            return t
-        h = cached_tokens if cached_tokens < s else s - 1
+        # h = 0 reduces every term to the from-scratch prefill exactly (x + 0.0 == x)
+        h = 0 if cached_tokens <= 0 else (cached_tokens if cached_tokens < s else s - 1)
         n = s - h
         lin = n * self._pf_lin_flop
         if lin < self._lin_mem:

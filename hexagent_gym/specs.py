@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from hexagent_gym.prompts import DEFAULT_BLOCK_TOKENS
 
@@ -70,3 +72,23 @@ def _where(source: str, line: int) -> str:
 
 def _fail(source: str, line: int, field: str, problem: str, valid: str) -> NoReturn:
     raise TraceError(f"{_where(source, line)}field '{field}': {problem}; {valid}")
+
+
+def json_lines(text: str, source: str) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line, decoded object)`` for every non-blank line of a JSONL text.
+
+    Raises:
+        TraceError: a line is not valid JSON (naming the file, line and column).
+    """
+    loads = json.loads
+    # split("\n") rather than splitlines(): JSON strings may contain U+2028 etc., which
+    # splitlines() would treat as line breaks and so shift every later line number.
+    for lineno, raw in enumerate(text.split("\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = loads(raw)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{source}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno}); "
+                             f"each non-blank line must be one JSON object") from None
+        yield lineno, obj

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hexagent_gym.prompts import BlockIds, num_blocks, own_hit_tokens
-from hexagent_gym.specs import CallSpec, TraceError, WorkflowSpec, _fail
+from hexagent_gym.specs import CallSpec, TraceError, WorkflowSpec, _fail, json_lines
 
 MOONCAKE_KEYS = frozenset({"timestamp", "input_length", "output_length", "hash_ids"})
 BAILIAN_KEYS = frozenset({"chat_id", "parent_chat_id", "timestamp", "input_length",
@@ -140,16 +140,7 @@ def _rows(text: str, source: str, fmt: str):
     label = _LABEL[fmt]
     required = _REQUIRED[fmt]
     foreign = _FOREIGN[fmt]
-    loads = json.loads
-    # split("\n") rather than splitlines(), as in the schema parser: keeps line numbers exact.
-    for lineno, raw in enumerate(text.split("\n"), start=1):
-        if not raw.strip():
-            continue
-        try:
-            row = loads(raw)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{source}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno}); "
-                             f"each non-blank line must be one JSON object") from None
+    for lineno, row in json_lines(text, source):
         if not isinstance(row, dict):
             raise TraceError(f"{source}:{lineno}: expected a JSON object (a {label} row with "
                              f"{', '.join(required)}), got {type(row).__name__}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import gzip
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from hexagent_gym.prompts import (
     num_blocks,
     own_hit_tokens,
 )
-from hexagent_gym.specs import CallSpec, TraceError, WorkflowSpec, _fail, _where
+from hexagent_gym.specs import CallSpec, TraceError, WorkflowSpec, _fail, _where, json_lines
 
 # --------------------------------------------------------------------------------------------------
 # Loading and validating traces (JSONL schema: shared/traces/README.md)
@@ -255,17 +254,7 @@ def _parse_file(path: Path, name: str, block_tokens: int | None) -> tuple[Workfl
     ids = BlockIds()
     workflows: list[WorkflowSpec] = []
     first_line: dict[str, int] = {}
-    loads = json.loads
-    # split("\n") rather than splitlines(): JSON strings may contain U+2028 etc., which
-    # splitlines() would treat as line breaks and so shift every later line number.
-    for lineno, raw in enumerate(text.split("\n"), start=1):
-        if not raw.strip():
-            continue
-        try:
-            obj = loads(raw)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{source}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno}); "
-                             f"each non-blank line must be one JSON object") from None
+    for lineno, obj in json_lines(text, source):
         wf = _parse_workflow(obj, source, lineno, default_source=name, ids=ids,
                              block_tokens=block_tokens)
         if workflows and wf.block_tokens != workflows[0].block_tokens:
