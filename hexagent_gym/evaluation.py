@@ -53,6 +53,9 @@ METRICS = ("req95", "req99", "mean_ratio", "max_ratio", "prefix_hit_rate", "pref
 """Per-cell metrics a report may tabulate (``report.metrics``): the SLO scales, the prefix-cache
 hit rate, ρ with the cache (prefill load of the work actually computed) and the share of
 workflows that finished sooner than alone."""
+SLO_METRICS = ("req95", "req99", "mean_ratio", "max_ratio")
+"""Metrics where lower is better: tables give the reference's reduction against the best
+baseline for these only (the others describe the regime)."""
 
 TOP_LEVEL_KEYS = EXPERIMENT_META_KEYS  # the keys load_config leaves for us (and the env ignores)
 GRID_KEYS = ("policies", "clusters", "traces", "seeds", "loads", "estimation_errors",
@@ -1048,7 +1051,7 @@ def summarize(records: Sequence[Mapping[str, Any]], report: Report | None = None
             # records written before a metric existed (resumed runs) lack it: NaN
             row.stats[policy] = {m: Stat.of([r["metrics"].get(m, math.nan) for r in recs])
                                  for m in METRICS}
-        for m in METRICS:
+        for m in SLO_METRICS:
             present = [b for b in report.baselines if b in row.stats and b != report.reference]
             best = min(present, key=lambda b: row.stats[b][m].mean) if present else None
             row.best[m] = best
