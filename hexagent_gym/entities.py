@@ -27,7 +27,9 @@ class CallState(IntEnum):
     DONE = 6
 
 
-# Queue keys: planned calls sort before unplanned ones; within each group by rank / reveal order.
+# Queue keys: preempted calls first (back at the front of their decode queue), then planned
+# calls, then unplanned ones; within each group by preemption / rank / reveal order.
+PREEMPTED = -1
 PLANNED = 0
 UNPLANNED = 1
 
@@ -42,7 +44,8 @@ class Call:
         "prefill_end", "transfer_end", "decode_start", "finish_t", "v_admit", "v_finish",
         "v_finish_pred", "ef_start", "ef", "est_duration", "service", "proj_release",
         "pf_cold", "pf_run", "pf_queued", "cached", "hit", "held", "lead", "width",
-        "group_left", "kv_free",
+        "group_left", "kv_free", "kv_res", "generated", "preempted", "decode_wait",
+        "wait_since", "kv_blocked", "admit_seq", "ctx_term", "true_term",
     )
 
     def __init__(self, uid: int, workflow: Workflow, index: int, spec: CallSpec,
@@ -56,7 +59,8 @@ class Call:
         self.l_out_pred = l_out_pred
         self.kv_true = spec.input_tokens + spec.output_tokens  # decode admission demand
         self.kv_pred = spec.input_tokens + l_out_pred
-        self.kv_free = self.kv_true  # tokens its finish returns (a group returns its prompt last)
+        self.kv_res = self.kv_pred  # KV the decode instance reserves at admission (predicted)
+        self.kv_free = self.kv_res  # reservation its finish returns (a group: its prompt last)
         self.pf_err = pf_err
         self.dec_err = dec_err
         self.state = CallState.HIDDEN
@@ -91,6 +95,14 @@ class Call:
         self.lead: Call | None = None  # a sample-group rider's leader (it rides its prefill)
         self.width = 1  # sequences it decodes (a group leader decodes for the whole group)
         self.group_left = 0  # a group leader's members still decoding
+        self.generated = 0.0  # tokens generated before a preemption (kept across it)
+        self.preempted = 0  # times it was preempted
+        self.decode_wait = 0.0  # seconds waiting in decode queues (every wait)
+        self.wait_since = -1.0  # when its current decode wait began
+        self.kv_blocked = False  # it waited while its decode instance's queue head lacked KV
+        self.admit_seq = -1  # order of its latest admission on its decode instance
+        self.ctx_term = 0.0  # its term of the instance's ctx_sum while decoding
+        self.true_term = 0.0  # the constant part of its true KV use while decoding
 
     def __repr__(self) -> str:
         return (f"Call({self.workflow.spec.workflow_id}#{self.spec.id}, {self.state.name}, "
@@ -181,7 +193,7 @@ class DecodeInstance:
     __slots__ = (
         "index", "gpu", "latency", "capacity", "max_batch", "used_kv", "batch", "v", "t_v",
         "step", "ctx_sum", "version", "waiting", "inbound", "committed_pred", "committed_count",
-        "sched_ctx",
+        "sched_ctx", "true_base", "peak_kv", "recomputing", "hold", "admits",
     )
 
     def __init__(self, index: int, gpu: str, latency: LatencyModel, capacity: int,
@@ -191,7 +203,14 @@ class DecodeInstance:
         self.latency = latency
         self.capacity = capacity
         self.max_batch = max_batch
-        self.used_kv = 0  # true KV tokens reserved by running calls
+        self.used_kv = 0  # KV tokens reserved at admission (predicted demand) by running calls
+        # true KV in use is true_base + len(batch) · v: every running sequence holds its prompt
+        # (and tokens generated before a preemption) plus v − v_admit generated tokens
+        self.true_base = 0.0
+        self.peak_kv = 0.0  # largest true KV in use seen
+        self.recomputing = 0  # preempted calls re-computing their KV before rejoining the batch
+        self.hold = False  # no admissions until memory frees (set by a preemption)
+        self.admits = 0
         self.batch: list[tuple[float, int, Call]] = []  # heap of (v_finish, uid, call)
         self.v = 0.0
         self.t_v = 0.0
@@ -212,15 +231,31 @@ class DecodeInstance:
             self.v += (now - self.t_v) / self.step
         self.t_v = now
 
-    def admit(self, call: Call, now: float) -> None:
-        """Start decoding ``call`` (caller checked capacity and batch size)."""
+    def true_kv(self) -> float:
+        """True KV tokens in use at the virtual clock ``v`` (call :meth:`advance` first)."""
+        return self.true_base + len(self.batch) * self.v
+
+    def admit(self, call: Call, now: float, reserve: bool = True) -> None:
+        """Start decoding ``call`` (caller checked capacity and batch size). A preempted call
+        resumes with ``call.generated`` tokens already made; ``reserve=False`` when its
+        reservation was taken when its recompute began."""
         self.advance(now)
         call.v_admit = self.v
-        call.v_finish = self.v + call.l_out
-        call.v_finish_pred = self.v + call.l_out_pred
-        self.used_kv += call.kv_true
-        assert self.used_kv <= self.capacity, "decode KV capacity exceeded"
-        self.ctx_sum += call.l_in + 0.5 * call.v_finish - call.v_admit
+        g = call.generated
+        if g == 0.0:
+            call.v_finish = self.v + call.l_out
+            call.v_finish_pred = self.v + call.l_out_pred
+            call.ctx_term = call.l_in + 0.5 * call.v_finish - call.v_admit
+            call.true_term = (0 if call.width > 1 else call.l_in) - call.v_admit
+        else:  # resumed: its context is the prompt plus what it generated before
+            call.v_finish = self.v + (call.l_out - g)
+            call.v_finish_pred = self.v + max(call.l_out_pred - g, 1.0)
+            call.ctx_term = (call.l_in + g) + 0.5 * call.v_finish - call.v_admit
+            call.true_term = (call.l_in + g) - call.v_admit
+        if reserve:
+            self.used_kv += call.kv_res
+        self.ctx_sum += call.ctx_term
+        self.true_base += call.true_term
         heapq.heappush(self.batch, (call.v_finish, call.uid, call))
 
     def admit_rider(self, call: Call, now: float) -> None:
@@ -229,7 +264,10 @@ class DecodeInstance:
         call.v_admit = self.v
         call.v_finish = self.v + call.l_out
         call.v_finish_pred = self.v + call.l_out_pred
-        self.ctx_sum += call.l_in + 0.5 * call.v_finish - call.v_admit
+        call.ctx_term = call.l_in + 0.5 * call.v_finish - call.v_admit
+        call.true_term = -call.v_admit
+        self.ctx_sum += call.ctx_term
+        self.true_base += call.true_term
         heapq.heappush(self.batch, (call.v_finish, call.uid, call))
 
     def finish_head(self) -> Call:
@@ -240,8 +278,19 @@ class DecodeInstance:
         vf, _, call = heapq.heappop(self.batch)
         self.v = vf
         self.used_kv -= call.kv_free
-        self.ctx_sum -= call.l_in + 0.5 * call.v_finish - call.v_admit
+        self.ctx_sum -= call.ctx_term
+        self.true_base -= call.true_term
         return call
+
+    def evict(self, call: Call) -> None:
+        """Take a running call out of the batch (preemption at the current clock): its
+        reservation and KV are freed, what it generated is kept in ``call.generated``."""
+        self.batch.remove((call.v_finish, call.uid, call))
+        heapq.heapify(self.batch)
+        call.generated += self.v - call.v_admit
+        self.used_kv -= call.kv_res
+        self.ctx_sum -= call.ctx_term
+        self.true_base -= call.true_term
 
     def rerate(self) -> float:
         """Recompute the step time after a batch change; returns the next finish delay (or inf)."""

@@ -22,7 +22,8 @@ from hexagent_gym.config import ConfigError, load_named
 from hexagent_gym.horizon import HorizonCache
 from hexagent_gym.load import offered_load, rate_for_load
 from hexagent_gym.planner import ClusterTables
-from hexagent_gym.simulator import Simulator
+from hexagent_gym.predictors import predictor_from_config
+from hexagent_gym.simulator import DECODE_ADMISSION, Simulator
 from hexagent_gym.workload import Trace, load_trace
 
 
@@ -47,6 +48,11 @@ class EpisodeConfig:
             instance's KV memory; ``.inf`` in YAML / ``math.inf``: unbounded).
         prefix_block_tokens: tokens per prompt block for traces without hash ids (None: 512).
         parallel_sampling: serve a sample group as one request with ``n`` samples.
+        length_predictor: scheduler-visible output-length predictor (``hexagent_gym.predictors``:
+            ``oracle``, ``lognormal``, ``bucket``); estimation error multiplies on top.
+        length_predictor_params: its parameters (a mapping; None = defaults).
+        decode_admission: ``predicted`` (reserve predicted demand, preempt on overrun) or
+            ``true-demand`` (reserve the true demand, never preempt).
     """
 
     cluster: str = "hetero-1"
@@ -62,6 +68,9 @@ class EpisodeConfig:
     prefix_cache_tokens: float | None = None
     prefix_block_tokens: int | None = None
     parallel_sampling: bool = True
+    length_predictor: str = "oracle"
+    length_predictor_params: Mapping[str, Any] | tuple | None = None
+    decode_admission: str = "predicted"
 
     def __post_init__(self) -> None:
         src = "episode config"
@@ -96,10 +105,28 @@ class EpisodeConfig:
         if c is not None and (isinstance(c, bool) or not isinstance(c, int | float) or not c >= 0):
             raise ConfigError(f"{src}: prefix_cache_tokens must be a number of tokens >= 0, .inf "
                               f"(unbounded) or null (sized from memory), got {c!r}")
+        params = self.length_predictor_params
+        if isinstance(params, Mapping):  # stored as sorted pairs: configs are hashable keys
+            object.__setattr__(self, "length_predictor_params", tuple(sorted(params.items())))
+        elif params is not None and not isinstance(params, tuple):
+            raise ConfigError(f"{src}: length_predictor_params must be a mapping or null, got "
+                              f"{params!r}")
+        try:
+            predictor_from_config(self.length_predictor, self.predictor_params)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"{src}: length_predictor: {exc}") from None
+        if self.decode_admission not in DECODE_ADMISSION:
+            raise ConfigError(f"{src}: decode_admission must be one of "
+                              f"{', '.join(DECODE_ADMISSION)}, got {self.decode_admission!r}")
         b = self.prefix_block_tokens
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise ConfigError(f"{src}: prefix_block_tokens must be an integer >= 1 or null (512), "
                               f"got {b!r}")
+
+    @property
+    def predictor_params(self) -> dict[str, Any]:
+        """``length_predictor_params`` as a dict."""
+        return dict(self.length_predictor_params or ())
 
     def replace(self, **changes: Any) -> EpisodeConfig:
         return dataclasses.replace(self, **changes)
@@ -177,4 +204,7 @@ class EpisodeFactory:
         return Simulator(self.cluster, work, estimation_error=cfg.estimation_error, rng=rng,
                          decisions=decisions, planning_latency=cfg.planning_latency,
                          max_calls_per_decision=cfg.max_calls_per_decision,
-                         horizons=self.horizons, tables=self.tables, **self.serving)
+                         horizons=self.horizons, tables=self.tables,
+                         length_predictor=cfg.length_predictor,
+                         length_predictor_params=cfg.predictor_params,
+                         decode_admission=cfg.decode_admission, **self.serving)

@@ -49,10 +49,12 @@ RECORD_SCHEMA = 1
 DEFAULT_POLICIES = ("hexagent", "fcfs", "wf-fcfs", "llf", "atlas")
 DEFAULT_BASELINES = ("wf-fcfs", "llf", "atlas")
 METRICS = ("req95", "req99", "mean_ratio", "max_ratio", "prefix_hit_rate", "prefill_load",
-           "faster_than_alone")
+           "faster_than_alone", "decode_kv_peak", "preemptions", "decode_wait_mean",
+           "decode_kv_delayed")
 """Per-cell metrics a report may tabulate (``report.metrics``): the SLO scales, the prefix-cache
-hit rate, ρ with the cache (prefill load of the work actually computed) and the share of
-workflows that finished sooner than alone."""
+hit rate, ρ with the cache (prefill load of the work actually computed), the share of
+workflows that finished sooner than alone, and the decode regime counters (peak KV use ÷
+capacity, preemptions, mean decode-queue wait in seconds, share of calls held back by KV)."""
 SLO_METRICS = ("req95", "req99", "mean_ratio", "max_ratio")
 """Metrics where lower is better: tables give the reference's reduction against the best
 baseline for these only (the others describe the regime)."""
@@ -158,6 +160,10 @@ def run_cell(cell: Cell, factory: EpisodeFactory | None = None, *,
             "prefix_hit_rate": result.prefix_hit_rate,
             "prefill_load": result.prefill_load,
             "faster_than_alone": result.faster_than_alone,
+            "decode_kv_peak": result.decode_kv_peak,
+            "preemptions": result.preemptions,
+            "decode_wait_mean": result.decode_wait_mean,
+            "decode_kv_delayed": result.decode_kv_delayed,
             "num_workflows": result.num_workflows,
             "num_calls": result.num_calls,
             "invocations": result.invocations,

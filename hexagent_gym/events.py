@@ -18,12 +18,14 @@ class Phase(IntEnum):
     """Same-time ordering of event kinds (lower runs first)."""
 
     DECODE_DONE = 0
-    PREFILL_DONE = 1
-    TRANSFER_DONE = 2
-    REVEAL = 3
-    ARRIVAL = 4
-    PLAN_LANDS = 5
-    SCHEDULE = 6
+    PREEMPT = 1  # a decode instance's true KV use reaches its capacity
+    RECOMPUTE_DONE = 2  # a preempted call's KV is rebuilt; it rejoins the batch
+    PREFILL_DONE = 3
+    TRANSFER_DONE = 4
+    REVEAL = 5
+    ARRIVAL = 6
+    PLAN_LANDS = 7
+    SCHEDULE = 8
 
 
 class EventQueue:

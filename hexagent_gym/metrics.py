@@ -69,6 +69,12 @@ class EpisodeResult:
             whole prompt counts: its leader's prefill served it).
         prefill_load: ρ with the cache: prefill-pool seconds of the work actually computed per
             second of arrivals (``hexagent_gym.load``'s definition at the realised hits).
+        decode_kv_peak: max over decode instances of the peak true KV in use ÷ capacity.
+        preemptions: decode preemptions (a call whose true KV outgrew the reservation of its
+            predicted demand pushed the instance to capacity).
+        decode_wait_mean: mean seconds a call waited in decode queues (all its waits).
+        decode_kv_delayed: share of calls that waited while their decode instance's queue head
+            could not get KV (capacity, not batch size, held them back).
     """
 
     ratios: np.ndarray
@@ -85,6 +91,10 @@ class EpisodeResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     prefill_load: float = math.nan
+    decode_kv_peak: float = 0.0
+    preemptions: int = 0
+    decode_wait_mean: float = 0.0
+    decode_kv_delayed: float = 0.0
 
     @property
     def num_workflows(self) -> int:
@@ -145,6 +155,10 @@ class EpisodeResult:
             "prefix_hit_rate": self.prefix_hit_rate,
             "prefill_load": self.prefill_load,
             "faster_than_alone": self.faster_than_alone,
+            "decode_kv_peak": self.decode_kv_peak,
+            "preemptions": self.preemptions,
+            "decode_wait_mean": self.decode_wait_mean,
+            "decode_kv_delayed": self.decode_kv_delayed,
             "ratios": [float(x) for x in self.ratios],
         }
         if include_records:

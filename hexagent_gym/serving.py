@@ -70,9 +70,11 @@ def form_group(wf: Workflow, leader: int) -> None:
         kv_pred += c.l_out_pred
         if c.l_out_pred > longest:
             longest = c.l_out_pred
-        c.kv_true = c.kv_pred = 0  # reserved through the leader
+        c.kv_true = c.kv_pred = c.kv_res = 0  # reserved through the leader
         c.kv_free = c.l_out
-    lead.kv_true, lead.kv_pred, lead.kv_free = kv_true, kv_pred, lead.l_out
+    # a group reserves its true demand at admission (a max_tokens-style bound: the samples of
+    # one request are capped together), so it never outgrows its reservation
+    lead.kv_true, lead.kv_pred, lead.kv_res, lead.kv_free = kv_true, kv_pred, kv_true, lead.l_out
     lead.l_out_pred = longest
 
 

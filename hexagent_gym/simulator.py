@@ -17,8 +17,8 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.decisions import DecisionPoint, Stage, earliest_finish_pick
 from hexagent_gym.entities import (
     PLANNED,
+    PREEMPTED,
     UNPLANNED,
     Call,
     CallState,
@@ -38,6 +39,7 @@ from hexagent_gym.events import EventQueue, Phase
 from hexagent_gym.horizon import HorizonCache
 from hexagent_gym.metrics import EpisodeResult, WorkflowRecord
 from hexagent_gym.planner import ClusterTables, earliest_pair, snapshot
+from hexagent_gym.predictors import predictor_from_config
 from hexagent_gym.serving import (
     build_caches,
     call_riders,
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from hexagent_gym.cluster import ClusterSpec
 
 PickFn = Callable[[DecisionPoint], tuple[int, int, int]]
+DECODE_ADMISSION = ("predicted", "true-demand")
 
 
 class Simulator:
@@ -77,6 +80,13 @@ class Simulator:
             the instance's KV memory, ``math.inf`` makes it unbounded.
         parallel_sampling: serve a sample group (the ``n`` samples of one request) as one
             request: one prefill and one transfer, decode sharing the prompt's KV.
+        length_predictor: the scheduler-visible output-length predictor
+            (:mod:`hexagent_gym.predictors`; a name, or a predictor object); ``"oracle"`` shows
+            the true lengths. Estimation error ``e`` multiplies on top of it.
+        length_predictor_params: keyword arguments of a named predictor.
+        decode_admission: ``"predicted"`` — decode instances reserve a call's predicted demand
+            at admission and preempt (recompute) when the true KV in use reaches capacity;
+            ``"true-demand"`` — reserve the true demand (never preempts; the regime before).
     """
 
     def __init__(self, cluster: ClusterSpec, workload: EpisodeWorkload, *,
@@ -85,7 +95,9 @@ class Simulator:
                  max_calls_per_decision: int | None = None, horizons: HorizonCache | None = None,
                  tables: ClusterTables | None = None, compute_horizons: bool = True,
                  prefix_cache: bool = True, prefix_cache_tokens: float | None = None,
-                 parallel_sampling: bool = True) -> None:
+                 parallel_sampling: bool = True, length_predictor: Any = "oracle",
+                 length_predictor_params: Mapping[str, Any] | None = None,
+                 decode_admission: str = "predicted") -> None:
         if not 0.0 <= estimation_error < 1.0:
             raise ValueError(f"estimation_error must be in [0, 1), got {estimation_error}")
         if planning_latency != "measured" and not (
@@ -95,6 +107,12 @@ class Simulator:
         if max_calls_per_decision is not None and max_calls_per_decision < 1:
             raise ValueError(f"max_calls_per_decision must be >= 1 or None, got "
                              f"{max_calls_per_decision}")
+        if decode_admission not in DECODE_ADMISSION:
+            raise ValueError(f"decode_admission must be one of {', '.join(DECODE_ADMISSION)}, "
+                             f"got {decode_admission!r}")
+        self.predictor = (predictor_from_config(length_predictor, length_predictor_params)
+                          if isinstance(length_predictor, str) else length_predictor)
+        self.decode_admission = decode_admission
         self.cluster = cluster
         self.tables = tables if tables is not None else ClusterTables(cluster)
         self.prefix_cache = bool(prefix_cache)
@@ -144,11 +162,14 @@ class Simulator:
         self.prompt_tokens = 0  # prompt tokens of every started call (riders included)
         self.cached_tokens = 0  # ... of which served from a prefix cache (or a group's prefill)
         self.pool_seconds = 0.0  # prefill-pool seconds of the computed work (load.pool_seconds)
+        self.preemptions = 0
         self._draw_errors(estimation_error, rng)
         self._next_arrival = 0
         self._push_next_arrival()
         self._handlers = {
             Phase.DECODE_DONE: self._on_decode_done,
+            Phase.PREEMPT: self._on_preempt,
+            Phase.RECOMPUTE_DONE: self._on_recompute_done,
             Phase.PREFILL_DONE: self._on_prefill_done,
             Phase.TRANSFER_DONE: self._on_transfer_done,
             Phase.REVEAL: self._reveal,
@@ -232,19 +253,44 @@ class Simulator:
                              self.decisions_made, self.scheduler_seconds, last, self._wall,
                              policy_name, np.array(self.invocation_seconds),
                              prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
-                             prefill_load=self.pool_seconds / span if span > 0 else math.nan)
+                             prefill_load=self.pool_seconds / span if span > 0 else math.nan,
+                             **self._regime_counters())
+
+    def _regime_counters(self) -> dict[str, Any]:
+        """How hard decode was pressed (EpisodeResult's regime fields)."""
+        calls = [c for w in self.workflows for c in w.calls]
+        n = len(calls)
+        return {
+            "decode_kv_peak": max((d.peak_kv / d.capacity for d in self.decode), default=0.0),
+            "preemptions": self.preemptions,
+            "decode_wait_mean": sum(c.decode_wait for c in calls) / n if n else 0.0,
+            "decode_kv_delayed": sum(c.kv_blocked for c in calls) / n if n else 0.0,
+        }
 
     # -- set-up ---------------------------------------------------------------------------------
     def _draw_errors(self, level: float, rng: np.random.Generator | None) -> None:
-        total = sum(len(w.calls) for w in self.workload.workflows)
+        workflows = self.workload.workflows
+        total = sum(len(w.calls) for w in workflows)
         self._call_offset = np.concatenate(
-            [[0], np.cumsum([len(w.calls) for w in self.workload.workflows])]).astype(int)
+            [[0], np.cumsum([len(w.calls) for w in workflows])]).astype(int)
         if level == 0.0:
             self._err = None
-            return
-        if rng is None:
-            raise ValueError("estimation_error > 0 needs the episode's rng")
-        self._err = (1.0 + level * rng.uniform(-1.0, 1.0, size=(total, 3))).tolist()
+        else:
+            if rng is None:
+                raise ValueError("estimation_error > 0 needs the episode's rng")
+            self._err = (1.0 + level * rng.uniform(-1.0, 1.0, size=(total, 3))).tolist()
+        # predicted output lengths, drawn after the error factors (the oracle draws nothing)
+        if self.predictor.name == "oracle":
+            self._pred = None
+        else:
+            true = np.fromiter((c.output_tokens for w in workflows for c in w.calls),
+                               dtype=np.int64, count=total)
+            self._pred = self.predictor.predict(true, rng).tolist()
+        # preemption can only happen when some call outgrows its reservation
+        if self.decode_admission == "true-demand" or (self._pred is None and self._err is None):
+            self._overrun = False
+        else:
+            self._overrun = True
 
     def _push_next_arrival(self) -> None:
         i = self._next_arrival
@@ -260,13 +306,16 @@ class Simulator:
             wf.horizon = self.horizons.get(spec)
         self.workflows.append(wf)
         base = int(self._call_offset[i])
-        err = self._err
+        err, pred = self._err, self._pred
         for k, cs in enumerate(spec.calls):
+            out = cs.output_tokens if pred is None else pred[base + k]
             if err is None:
-                c = Call(base + k, wf, k, cs, cs.output_tokens, 1.0, 1.0)
+                c = Call(base + k, wf, k, cs, out, 1.0, 1.0)
             else:
                 pf_e, dec_e, out_e = err[base + k]
-                c = Call(base + k, wf, k, cs, max(1, round(cs.output_tokens * out_e)), pf_e, dec_e)
+                c = Call(base + k, wf, k, cs, max(1, round(out * out_e)), pf_e, dec_e)
+            if self.decode_admission == "true-demand":
+                c.kv_res = c.kv_free = c.kv_true
             wf.calls[k] = c
         if self.parallel_sampling:
             for cs in spec.calls:
@@ -378,6 +427,7 @@ class Simulator:
         if self.caches is not None:  # its KV has left: the prompt's blocks become evictable
             self.caches[call.prefill_inst].unlock(call.spec.blocks, call.held)
         call.state = CallState.WAITING_DECODE
+        call.wait_since = self.now
         if call.width > 1:
             for r in call_riders(call):
                 r.state = CallState.WAITING_DECODE
@@ -394,16 +444,74 @@ class Simulator:
         if version != inst.version:
             return  # the batch changed after this event was scheduled
         inst.t_v = self.now
+        inst.v = inst.batch[0][0]  # the finishing calls' KV is at its largest
+        kv = inst.true_kv()
+        if kv > inst.peak_kv:
+            inst.peak_kv = kv
         finished = [inst.finish_head()]
         batch = inst.batch
         while batch and batch[0][0] <= inst.v:
             finished.append(inst.finish_head())
-        delay = inst.rerate()
-        if delay != float("inf"):
-            self.events.push(self.now + delay, Phase.DECODE_DONE, (d, inst.version))
-        self._mark_decode(d)
+        inst.hold = False  # memory freed: admissions may resume
         for call in finished:
             self._complete(call, inst)
+        self._reschedule(inst)
+        self._mark_decode(d)
+
+    def _reschedule(self, inst: DecodeInstance) -> None:
+        """After a batch change: the next finish, and with overruns possible the instant the
+        true KV in use reaches capacity (a preemption) if that comes first."""
+        delay = inst.rerate()
+        if delay == float("inf"):
+            return
+        self.events.push(self.now + delay, Phase.DECODE_DONE, (inst.index, inst.version))
+        if not self._overrun:
+            return
+        b = len(inst.batch)
+        at_finish = inst.true_base + b * inst.batch[0][0]
+        if at_finish > inst.capacity:
+            v_cross = (inst.capacity - inst.true_base) / b
+            when = self.now + max(v_cross - inst.v, 0.0) * inst.step
+            self.events.push(when, Phase.PREEMPT, (inst.index, inst.version))
+
+    def _on_preempt(self, payload: tuple[int, int]) -> None:
+        """True KV use reached capacity: preempt the most recently admitted call that decodes
+        alone (LIFO, as vLLM); its KV is dropped and recomputed when it is admitted again."""
+        d, version = payload
+        inst = self.decode[d]
+        if version != inst.version:
+            return
+        inst.advance(self.now)
+        inst.peak_kv = max(inst.peak_kv, min(inst.true_kv(), float(inst.capacity)))
+        victim = max((c for _, _, c in inst.batch if c.width == 1 and c.lead is None),
+                     key=lambda c: c.admit_seq)
+        inst.evict(victim)
+        self.preemptions += 1
+        victim.preempted += 1
+        # re-reserve at least what it now holds plus one token (its prediction proved short)
+        need = victim.l_in + max(victim.l_out_pred, math.ceil(victim.generated) + 1)
+        victim.kv_res = victim.kv_free = min(need, inst.capacity)
+        victim.state = CallState.WAITING_DECODE
+        victim.wait_since = self.now
+        victim.queue_key = (PREEMPTED, next(self._fifo_seq))  # back to the queue's front
+        inst.waiting.append(victim)
+        inst.inbound[victim.uid] = victim
+        self._waiting_decode[victim.uid] = victim
+        inst.hold = bool(inst.batch)  # wait until memory frees (a finish) before admitting
+        self._reschedule(inst)
+        if self._decide:
+            self._trigger(Stage.DECODE)
+        self._mark_decode(d)
+
+    def _on_recompute_done(self, call: Call) -> None:
+        """A resumed call's KV is rebuilt: it rejoins its instance's batch."""
+        inst = self.decode[call.decode_inst]
+        inst.advance(self.now)
+        inst.recomputing -= 1
+        inst.true_base -= call.l_in + call.generated  # now held as a batch member instead
+        inst.admit(call, self.now, reserve=False)
+        self._reschedule(inst)
+        self._mark_decode(inst.index)
 
     def _complete(self, call: Call, inst: DecodeInstance) -> None:
         now = self.now
@@ -418,6 +526,7 @@ class Simulator:
             lead.group_left -= 1
             if lead.group_left == 0:  # the group's last sample: its prompt and plan go too
                 inst.used_kv -= lead.l_in
+                inst.true_base -= lead.l_in
                 inst.committed_pred -= lead.kv_pred
                 inst.committed_count -= 1
                 inst.sched_ctx -= lead.l_in + 0.5 * lead.l_out_pred
@@ -505,30 +614,66 @@ class Simulator:
 
     def _admit(self, inst: DecodeInstance) -> None:
         waiting = inst.waiting
+        if inst.hold or not waiting:
+            return
+        overrun = self._overrun
+        if overrun:
+            inst.advance(self.now)
         admitted = False
         while waiting and len(inst.batch) < inst.max_batch:
             best = head_index(waiting)
             call = waiting[best]
-            if inst.used_kv + call.kv_true > inst.capacity or (
-                    call.width > 1 and len(inst.batch) + call.width > inst.max_batch):
+            if call.width > 1 and len(inst.batch) + call.width > inst.max_batch:
                 break  # strict queue order: no smaller call overtakes the head
+            if inst.used_kv + call.kv_res > inst.capacity or (overrun and not self._fits_now(
+                    inst, call)):
+                idle = not inst.batch and not inst.recomputing
+                if not (idle and overrun and self._fits_now(inst, call)):
+                    self._kv_blocked(waiting)
+                    break  # an idle instance admits a head whose KV fits, reservation or not
             waiting.pop(best)
             del self._waiting_decode[call.uid]
             del inst.inbound[call.uid]
             call.state = CallState.DECODE
+            call.decode_wait += self.now - call.wait_since
+            inst.admits += 1
+            call.admit_seq = inst.admits
+            if call.generated:  # preempted before: rebuild its KV first
+                inst.used_kv += call.kv_res
+                inst.true_base += call.l_in + call.generated
+                inst.recomputing += 1
+                redo = inst.latency.prefill_time(int(call.l_in + call.generated))
+                self.events.push(self.now + redo, Phase.RECOMPUTE_DONE, call)
+                admitted = True  # its KV counts from now: the crossing instant moves
+                continue
             call.decode_start = self.now
             inst.admit(call, self.now)
             call.workflow.last_decode = inst.index
             if call.width > 1:
                 call.group_left = call.width
+                inst.true_base += call.l_in  # the shared prompt, held until the last sample
                 for r in call_riders(call):
                     r.state = CallState.DECODE
                     r.decode_start = self.now
+                    r.decode_wait = call.decode_wait
                     inst.admit_rider(r, self.now)
             admitted = True
         if admitted:
-            delay = inst.rerate()
-            self.events.push(self.now + delay, Phase.DECODE_DONE, (inst.index, inst.version))
+            kv = inst.true_kv()
+            if kv > inst.peak_kv:
+                inst.peak_kv = kv
+            self._reschedule(inst)
+
+    @staticmethod
+    def _fits_now(inst: DecodeInstance, call: Call) -> bool:
+        """The head's prompt (and what it generated before a preemption) fits the KV truly in
+        use now."""
+        return inst.true_kv() + call.l_in + call.generated <= inst.capacity
+
+    @staticmethod
+    def _kv_blocked(waiting: list[Call]) -> None:
+        for c in waiting:
+            c.kv_blocked = True
 
     # -- scheduling -----------------------------------------------------------------------------
     def _trigger(self, stage: Stage) -> None:

@@ -50,3 +50,16 @@ def toy_cluster(prefill=(ToyLatency(),), decode=(ToyLatency(),), capacity=100_00
     return SimpleNamespace(name=name, prefill=pre, decode=dec, transfer_setup_s=setup_m,
                            transfer_s_per_token=spt_m, transfer_time=transfer_time,
                            max_decode_kv_tokens=max(caps), source="<toy>")
+
+
+def workflow_with_reuse(calls, wid="w", block=100):
+    """A parsed workflow from ``(input, output, parents, extra_keys)`` tuples, where the extra
+    keys are trace fields such as ``prefix_of``/``prefix_tokens`` or ``sample_group``; prompt
+    blocks of ``block`` tokens."""
+    from hexagent_gym.workload import parse_workflow
+
+    return parse_workflow({
+        "workflow_id": wid, "hash_block_tokens": block,
+        "calls": [{"id": str(i), "parents": [str(p) for p in parents], "input_tokens": n_in,
+                   "output_tokens": n_out, "tool_latency_s": 0.0, **extra}
+                  for i, (n_in, n_out, parents, extra) in enumerate(calls)]})

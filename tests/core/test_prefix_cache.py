@@ -18,8 +18,9 @@ from hexagent_gym.policy import make_policy, run_policy
 from hexagent_gym.prefix_cache import PrefixCache
 from hexagent_gym.simulator import Simulator
 from hexagent_gym.trace_formats import ideal_prefix_hit_rate
-from hexagent_gym.workload import load_trace, parse_workflow
+from hexagent_gym.workload import load_trace
 from tests.toy import ToyLatency, toy_cluster
+from tests.toy import workflow_with_reuse as wf
 
 LM = ToyLatency()
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -28,15 +29,6 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 def episode(*workflows, arrivals=None):
     arrivals = np.zeros(len(workflows)) if arrivals is None else np.asarray(arrivals, float)
     return EpisodeWorkload(tuple(workflows), arrivals, np.arange(len(workflows)))
-
-
-def wf(calls, wid="w", block=100):
-    """A workflow from (in, out, parents, extra-keys) tuples, blocks of ``block`` tokens."""
-    return parse_workflow({
-        "workflow_id": wid, "hash_block_tokens": block,
-        "calls": [{"id": str(i), "parents": [str(p) for p in parents], "input_tokens": n_in,
-                   "output_tokens": n_out, "tool_latency_s": 0.0, **extra}
-                  for i, (n_in, n_out, parents, extra) in enumerate(calls)]})
 
 
 # -- the cache on its own --------------------------------------------------------------------

@@ -99,10 +99,13 @@ def check_invariants(sim, cluster):
         spans = sorted((c.prefill_start, c.prefill_end) for c in calls if c.prefill_inst == p)
         assert all(a[1] <= b[0] + EPS for a, b in zip(spans, spans[1:], strict=False))
     for d, spec in enumerate(cluster.decode):  # KV and batch limits at every admission
+        # true KV in use never exceeds capacity (with predicted reservations, by preemption)
+        assert sim.decode[d].peak_kv <= spec.kv_capacity_tokens + 1e-6
         mine = [c for c in calls if c.decode_inst == d]
         for c in mine:
             live = [o for o in mine if o.decode_start <= c.decode_start < o.finish_t]
-            assert sum(o.kv_true for o in live) <= spec.kv_capacity_tokens
+            if all(o.kv_res >= o.kv_true for o in mine):  # reservations cover true demands
+                assert sum(o.kv_true for o in live) <= spec.kv_capacity_tokens
             assert len(live) <= spec.max_batch_size
 
 
