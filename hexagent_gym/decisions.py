@@ -24,7 +24,8 @@ class Stage(IntEnum):
     """Which queue a decision plans."""
 
     PREFILL = 0  # waiting-prefill calls: choose (p, d) and prefill queue rank
-    DECODE = 1  # transferred calls at their locked decode instance: choose decode queue rank
+    DECODE = 1  # transferred calls at their decode instance: choose queue rank (and, for a call
+    # its instance has not served yet, possibly another decode instance)
 
 
 class DecisionPoint:
@@ -151,10 +152,18 @@ class DecisionPoint:
                              f"prefill and {D} decode instances")
         call = self.calls[slot]
         if self.stage == Stage.DECODE and (p, d) != (call.prefill_inst, call.decode_inst):
-            raise ValueError(f"call slot {slot} is locked to (p={call.prefill_inst}, "
-                             f"d={call.decode_inst}) at the decode stage, got (p={p}, d={d})")
+            if not self.state.free_decode or self.batch.locked[slot]:
+                raise ValueError(f"call slot {slot} is locked to (p={call.prefill_inst}, "
+                                 f"d={call.decode_inst}) at the decode stage, got (p={p}, d={d})")
+            if p != call.prefill_inst:
+                raise ValueError(f"call slot {slot} may move to another decode instance but its "
+                                 f"KV comes from prefill instance {call.prefill_inst}, got p={p}")
         row = self.delta_row(slot)
         value = float(row[p, d])
+        if not np.isfinite(value) and self.stage == Stage.DECODE and d != call.decode_inst:
+            raise ValueError(f"call slot {slot} cannot move to decode instance {d} now: a free "
+                             f"call moves only when its instance {call.decode_inst} cannot admit "
+                             f"it, to an instance that can hold it; feasible(slot) shows where")
         if not np.isfinite(value):
             cap = self.state.tables.capacity[d]
             raise ValueError(f"call slot {slot} needs {call.kv_true} KV tokens but decode "

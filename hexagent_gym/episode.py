@@ -53,6 +53,8 @@ class EpisodeConfig:
         length_predictor_params: its parameters (a mapping; None = defaults).
         decode_admission: ``predicted`` (reserve predicted demand, preempt on overrun) or
             ``true-demand`` (reserve the true demand, never preempt).
+        free_decode_calls: a waiting decode call its instance has not served may be moved by a
+            plan to another decode instance when its own cannot admit it (KV sent again).
     """
 
     cluster: str = "hetero-1"
@@ -71,6 +73,7 @@ class EpisodeConfig:
     length_predictor: str = "oracle"
     length_predictor_params: Mapping[str, Any] | tuple | None = None
     decode_admission: str = "predicted"
+    free_decode_calls: bool = True
 
     def __post_init__(self) -> None:
         src = "episode config"
@@ -97,7 +100,7 @@ class EpisodeConfig:
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
             raise ConfigError(f"{src}: max_calls_per_decision must be an integer >= 1 or null, "
                               f"got {k!r}")
-        for name in ("prefix_cache", "parallel_sampling"):
+        for name in ("prefix_cache", "parallel_sampling", "free_decode_calls"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{src}: {name} must be true or false, got "
                                   f"{getattr(self, name)!r}")
@@ -207,4 +210,5 @@ class EpisodeFactory:
                          horizons=self.horizons, tables=self.tables,
                          length_predictor=cfg.length_predictor,
                          length_predictor_params=cfg.predictor_params,
-                         decode_admission=cfg.decode_admission, **self.serving)
+                         decode_admission=cfg.decode_admission,
+                         free_decode_calls=cfg.free_decode_calls, **self.serving)

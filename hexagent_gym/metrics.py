@@ -75,6 +75,7 @@ class EpisodeResult:
         decode_wait_mean: mean seconds a call waited in decode queues (all its waits).
         decode_kv_delayed: share of calls that waited while their decode instance's queue head
             could not get KV (capacity, not batch size, held them back).
+        decode_moves: free waiting decode calls a plan moved to another decode instance.
     """
 
     ratios: np.ndarray
@@ -95,6 +96,7 @@ class EpisodeResult:
     preemptions: int = 0
     decode_wait_mean: float = 0.0
     decode_kv_delayed: float = 0.0
+    decode_moves: int = 0
 
     @property
     def num_workflows(self) -> int:
@@ -159,6 +161,7 @@ class EpisodeResult:
             "preemptions": self.preemptions,
             "decode_wait_mean": self.decode_wait_mean,
             "decode_kv_delayed": self.decode_kv_delayed,
+            "decode_moves": self.decode_moves,
             "ratios": [float(x) for x in self.ratios],
         }
         if include_records:

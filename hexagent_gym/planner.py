@@ -161,7 +161,7 @@ class CallBatch:
     """Constant per-call arrays of a decision's window, built once and reused at every pick."""
 
     __slots__ = ("pf", "weight", "ctx", "kv_pred", "xfer", "too_big", "any_too_big",
-                 "prefill_inst", "decode_inst", "arrival", "h_est", "cached")
+                 "prefill_inst", "decode_inst", "arrival", "h_est", "cached", "locked")
 
     def __init__(self, tables: ClusterTables, calls: list[Call], cache_aware: bool = True) -> None:
         l_in = np.array([c.l_in for c in calls], dtype=np.float64)
@@ -170,6 +170,9 @@ class CallBatch:
         # (n, P) estimated prefill seconds: with the cache hits each instance offers, or cold
         self.pf = np.array([c.pf_est if cache_aware else c.pf_cold for c in calls])
         # (n, P) prompt tokens each prefill instance's cache holds for each call
+        # at the decode stage a call is locked to its instance once that instance has served it
+        # (a preempted call); before that it is free to move
+        self.locked = np.array([c.preempted > 0 for c in calls], dtype=bool)
         self.cached = np.zeros((len(calls), tables.num_prefill))
         for i, c in enumerate(calls):
             if c.cached is not None:
@@ -223,6 +226,7 @@ class PlanState:
         self._releases: list[list[tuple[float, float]] | None] = [None] * tables.num_decode
         self._picked: list[list[tuple[float, float]]] = [[] for _ in range(tables.num_decode)]
         self._tau = tables.decode_tau(dec_count, dec_ctx)
+        self.free_decode = True  # waiting decode calls not yet served may move (project_decode)
         # prompt tokens queued or running on each prefill instance (speed-unaware load)
         self.pf_tokens = np.zeros(tables.num_prefill)
 
@@ -290,7 +294,12 @@ class PlanState:
         return delta
 
     def project_decode(self, batch: CallBatch) -> np.ndarray:
-        """Δ (n, P, D) for calls waiting at their locked decode instance; inf elsewhere."""
+        """Δ (n, P, D) for calls waiting at the decode stage; inf elsewhere.
+
+        A *locked* call (``batch.locked``) has one finite entry, its (p, d). A *free* call whose
+        own instance cannot admit it now may move to any decode instance that can hold it: row
+        ``p`` = its prefill instance, and a move to d' ≠ d first re-sends its KV (the P→D
+        transfer time of p, d')."""
         t = self.tables
         n = len(batch.kv_pred)
         rows = np.arange(n)
@@ -298,10 +307,22 @@ class PlanState:
         d = batch.decode_inst
         dec = batch.weight * (base[d] + slope[d] * batch.ctx)
         start = self.decode_starts(batch.kv_pred)
-        if not isinstance(start, float):
-            start = start[rows, d]
+        start_own = start if isinstance(start, float) else start[rows, d]
         delta = np.full((n, t.num_prefill, t.num_decode), INF)
-        delta[rows, batch.prefill_inst, d] = start + (dec - self.now)
+        delta[rows, batch.prefill_inst, d] = start_own + (dec - self.now)
+        # a free call may move only when its own instance cannot admit it now
+        if self.free_decode and not isinstance(start_own, float) and not batch.locked.all():
+            f = np.flatnonzero(~batch.locked & (start_own > self.now))
+            p = batch.prefill_inst[f]
+            arrive = self.now + batch.xfer[f, p, :]  # (m, D): when its KV could be on d'
+            arrive[np.arange(len(f)), d[f]] = self.now
+            dec_all = batch.weight[f, None] * (base[None, :] + slope[None, :]
+                                               * batch.ctx[f, None])
+            st = start if isinstance(start, float) else start[f]
+            val = np.maximum(arrive, st) + (dec_all - self.now)
+            if batch.any_too_big:
+                val[batch.too_big[f]] = INF
+            delta[f, p, :] = val
         return delta
 
     def copy(self) -> PlanState:
@@ -321,6 +342,7 @@ class PlanState:
         new._releases = [None if r is None else list(r) for r in self._releases]
         new._picked = [list(p) for p in self._picked]
         new._tau = (self._tau[0].copy(), self._tau[1].copy())
+        new.free_decode = self.free_decode
         return new
 
     # -- picks ----------------------------------------------------------------------------------

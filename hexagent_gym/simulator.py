@@ -87,6 +87,9 @@ class Simulator:
         decode_admission: ``"predicted"`` — decode instances reserve a call's predicted demand
             at admission and preempt (recompute) when the true KV in use reaches capacity;
             ``"true-demand"`` — reserve the true demand (never preempts; the regime before).
+        free_decode_calls: a call waiting at its decode instance that the instance has not
+            served yet may be re-placed on another decode instance by a plan (its KV is sent
+            again: the P→D transfer time); a preempted call stays (locked).
     """
 
     def __init__(self, cluster: ClusterSpec, workload: EpisodeWorkload, *,
@@ -97,7 +100,7 @@ class Simulator:
                  prefix_cache: bool = True, prefix_cache_tokens: float | None = None,
                  parallel_sampling: bool = True, length_predictor: Any = "oracle",
                  length_predictor_params: Mapping[str, Any] | None = None,
-                 decode_admission: str = "predicted") -> None:
+                 decode_admission: str = "predicted", free_decode_calls: bool = True) -> None:
         if not 0.0 <= estimation_error < 1.0:
             raise ValueError(f"estimation_error must be in [0, 1), got {estimation_error}")
         if planning_latency != "measured" and not (
@@ -113,6 +116,8 @@ class Simulator:
         self.predictor = (predictor_from_config(length_predictor, length_predictor_params)
                           if isinstance(length_predictor, str) else length_predictor)
         self.decode_admission = decode_admission
+        self.free_decode_calls = bool(free_decode_calls)
+        self.moves = 0  # free decode calls re-placed on another decode instance
         self.cluster = cluster
         self.tables = tables if tables is not None else ClusterTables(cluster)
         self.prefix_cache = bool(prefix_cache)
@@ -265,6 +270,7 @@ class Simulator:
             "preemptions": self.preemptions,
             "decode_wait_mean": sum(c.decode_wait for c in calls) / n if n else 0.0,
             "decode_kv_delayed": sum(c.kv_blocked for c in calls) / n if n else 0.0,
+            "decode_moves": self.moves,
         }
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -424,8 +430,9 @@ class Simulator:
         self._mark_prefill(p)
 
     def _on_transfer_done(self, call: Call) -> None:
-        if self.caches is not None:  # its KV has left: the prompt's blocks become evictable
+        if call.held:  # its KV has left: the prompt's blocks become evictable
             self.caches[call.prefill_inst].unlock(call.spec.blocks, call.held)
+            call.held = 0
         call.state = CallState.WAITING_DECODE
         call.wait_since = self.now
         if call.width > 1:
@@ -697,6 +704,7 @@ class Simulator:
                 self._view(c)
         state = snapshot(self.tables, self.now, self.prefill, self.decode, calls,
                          stage == Stage.PREFILL)
+        state.free_decode = self.free_decode_calls
         self.invocations += 1
         return DecisionPoint(stage, self.now, calls, state, wall)
 
@@ -745,11 +753,43 @@ class Simulator:
                 if call.state == CallState.WAITING_DECODE:
                     planned.add(call.uid)
                     call.proj_release = origin + delta
+                    if d != call.decode_inst:
+                        self._move(call, d)
+                        continue
                     call.queue_key = (PLANNED, rank)
                     self._mark_decode(d)
             for call in self._waiting_decode.values():
                 if call.uid not in planned and call.queue_key[0] == PLANNED:
                     call.queue_key = (UNPLANNED, next(self._fifo_seq))
+
+    def _move(self, call: Call, d: int) -> None:
+        """Re-place a free waiting decode call on decode instance ``d``: its KV is sent again
+        (the transfer time from its prefill instance to d) and it waits there."""
+        src = self.decode[call.decode_inst]
+        src.waiting.remove(call)
+        del src.inbound[call.uid]
+        del self._waiting_decode[call.uid]
+        src.committed_pred -= call.kv_pred
+        src.committed_count -= 1
+        src.sched_ctx -= call.l_in + 0.5 * call.l_out_pred
+        call.decode_wait += self.now - call.wait_since
+        dst = self.decode[d]
+        dst.committed_pred += call.kv_pred
+        dst.committed_count += 1
+        dst.sched_ctx += call.l_in + 0.5 * call.l_out_pred
+        dst.inbound[call.uid] = call
+        call.decode_inst = d
+        p = call.prefill_inst
+        call.state = CallState.TRANSFER
+        call.transfer_end = self.now + (self.tables.setup_list[p][d]
+                                        + call.l_in * self.tables.spt_list[p][d])
+        if call.width > 1:
+            for r in call_riders(call):
+                r.decode_inst = d
+                r.state = CallState.TRANSFER
+        self.moves += 1
+        self.events.push(call.transfer_end, Phase.TRANSFER_DONE, call)
+        self._mark_decode(src.index)
 
     def _place_fallback(self, call: Call) -> None:
         """FIFO placement at the earliest projected finish (the core's fallback).

@@ -83,8 +83,10 @@ def test_decode_stage_calls_are_locked_to_their_pair():
     dp = sim.run_until_decision()
     assert dp.stage == Stage.DECODE
     assert np.isfinite(dp.delta[0, 1, 0]) and np.isinf(dp.delta[0]).sum() == 3
-    with pytest.raises(ValueError, match="locked to"):
+    with pytest.raises(ValueError, match="comes from prefill instance 1"):
         dp.pick(0, 0, 0)
+    with pytest.raises(ValueError, match="cannot move to decode instance 1 now"):
+        dp.pick(0, 1, 1)  # free to move only when its own instance cannot admit it
     dp.pick(0, 1, 0)
     assert sim.run_until_decision() is None
     assert sim.result().num_calls == 1

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hexagent_gym.arrivals import EpisodeWorkload
+from hexagent_gym.decisions import Stage
 from hexagent_gym.entities import CallState
 from hexagent_gym.simulator import Simulator
 from hexagent_gym.workload import make_workflow
@@ -17,6 +18,7 @@ from tests.toy import ToyLatency, toy_cluster
 from tests.toy import workflow_with_reuse as wf
 
 LM = ToyLatency()
+SETUP, SPT = 0.001, 1e-6
 
 
 @dataclass(frozen=True)
@@ -133,3 +135,61 @@ def test_sample_groups_and_preemptable_calls_share_an_instance_safely(rows, fact
                or c.lead is not None)  # a group reserves its true demand: never preempted
     d = sim.decode[0]
     assert d.used_kv == 0 and abs(d.true_base) < 1e-6
+
+
+def pinned_to_d0_then(decode_choice):
+    """A pick function placing every prefill on decode instance 0, then ``decode_choice``."""
+    def pick(dp):
+        slot = dp.remaining[0]
+        call = dp.calls[slot]
+        if dp.stage == Stage.PREFILL:
+            return slot, call.index % 2, 0
+        return decode_choice(dp, slot)
+    return pick
+
+
+def argmin_pair(dp, slot):
+    row = dp.delta_row(slot)
+    p, d = divmod(int(np.argmin(row)), row.shape[1])
+    return slot, p, d
+
+
+def test_a_free_call_moves_when_its_instance_cannot_admit_it():
+    # a long call fills decode instance 0; a second one planned there cannot be admitted when
+    # its KV arrives, so the plan moves it to the idle instance 1 (its KV is sent again)
+    a = make_workflow([(500, 400, 0.0, [])], "a")
+    b = make_workflow([(400, 50, 0.0, [])], "b")
+    cluster = toy_cluster(prefill=(LM, LM), decode=(LM, LM), capacity=1000)
+    sim = Simulator(cluster, episode(a, b, arrivals=[0.0, 0.07]))  # b after a is admitted
+    res = sim.run(pinned_to_d0_then(argmin_pair))
+    ca, cb = sim.workflows[0].calls[0], sim.workflows[1].calls[0]
+    assert ca.decode_inst == 0 and cb.decode_inst == 1 and res.decode_moves == 1
+    resend = SETUP + 400 * SPT
+    assert cb.transfer_end == pytest.approx(cb.prefill_end + 2 * resend)  # sent twice
+    assert cb.decode_start == pytest.approx(cb.transfer_end) and cb.finish_t < ca.finish_t
+    # with moves off it waits for a
+    sim_off = Simulator(cluster, episode(a, b, arrivals=[0.0, 0.07]), free_decode_calls=False)
+    sim_off.run(pinned_to_d0_then(argmin_pair))
+    assert sim_off.workflows[1].calls[0].decode_start >= sim_off.workflows[0].calls[0].finish_t
+
+
+def test_a_preempted_call_is_locked_to_its_instance():
+    seen = []
+
+    def decode_choice(dp, slot):
+        call = dp.calls[slot]
+        if call.preempted:
+            assert dp.feasible(slot).sum() == 1  # only its own pair
+            with pytest.raises(ValueError, match="locked to"):
+                dp.pick(slot, call.prefill_inst, 1)
+            seen.append(call.uid)
+        return argmin_pair(dp, slot)
+
+    a = make_workflow([(100, 300, 0.0, [])], "a")
+    b = make_workflow([(100, 300, 0.0, [])], "b")
+    cluster = toy_cluster(prefill=(LM, LM), decode=(LM, LM), capacity=600)
+    sim = Simulator(cluster, episode(a, b), length_predictor=Fixed(50))
+    res = sim.run(pinned_to_d0_then(decode_choice))
+    victim = sim.workflows[1].calls[0]
+    assert res.preemptions == 1 and seen == [victim.uid] and victim.decode_inst == 0
+    assert all(w.num_done == 1 for w in sim.workflows)

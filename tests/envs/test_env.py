@@ -248,7 +248,8 @@ def test_invalid_actions_raise_and_change_nothing():
     advance_until(env, rng, lambda e: e.decision_point.stage == Stage.DECODE)
     call = env.decision_point.calls[0]
     wrong = (call.prefill_inst, 1 - call.decode_inst)
-    with pytest.raises(ValueError, match="is locked to"):
+    # a call its decode instance can admit now stays there (free calls move only when blocked)
+    with pytest.raises(ValueError, match="cannot move to decode instance"):
         env.step(env.encode_action(0, *wrong))
     env.step(np.array([env.encode_action(0, call.prefill_inst, call.decode_inst)]))  # (1,) array ok
 
