@@ -27,6 +27,7 @@ DEFAULT_NETWORK_EFFICIENCY = 0.8
 """Share of the NICs' line rate a KV transfer achieves (InferSim, aiconfigurator use 0.8)."""
 
 _CLUSTER_FIELDS = ("name", "description", "model", "weight_dtype", "gpu_memory_utilization",
+                   "max_model_len",
                    "prefill", "decode", "network")
 _POOL_FIELDS = ("gpu", "tp", "count", "max_batch_size")
 _NETWORK_FIELDS = ("setup_ms", "efficiency", "same_class_gbs", "cross_class_gbs", "matrix")
@@ -139,12 +140,17 @@ def load_cluster(spec: str | Path | Mapping[str, Any]) -> ClusterSpec:
         raise ConfigError(f"{source}: field 'gpu_memory_utilization' must be in (0, 1], "
                           f"got {util}")
 
+    max_len = field(data, "max_model_len", source, int, default=None)
+    if max_len is not None and max_len < 1:
+        raise ConfigError(f"{source}: field 'max_model_len' must be a positive number of tokens "
+                          f"(the longest request an instance must hold), got {max_len}")
+
     gpus: dict[str, GpuSpec] = {}
     latencies: dict[tuple[str, int], LatencyModel] = {}
     pools = {}
     for role in ("prefill", "decode"):
         pools[role] = tuple(_expand_pool(data, role, source, model, weight_dtype, util, gpus,
-                                         latencies))
+                                         latencies, max_len))
     network = _parse_network(data.get("network"), source, {i.gpu for i in pools["prefill"]},
                              {i.gpu for i in pools["decode"]})
     by_name = {spec.name: spec for spec in gpus.values()}
@@ -162,7 +168,8 @@ def load_cluster(spec: str | Path | Mapping[str, Any]) -> ClusterSpec:
 
 def _expand_pool(data: Mapping[str, Any], role: str, source: str, model: ModelSpec,
                  weight_dtype: str, util: float | None, gpus: dict[str, GpuSpec],
-                 latencies: dict[tuple[str, int], LatencyModel]) -> list[InstanceSpec]:
+                 latencies: dict[tuple[str, int], LatencyModel],
+                 max_len: int | None = None) -> list[InstanceSpec]:
     entries = field(data, role, source, list)
     if not entries:
         raise ConfigError(f"{source}: field '{role}' is an empty pool; list at least one "
@@ -203,7 +210,8 @@ def _expand_pool(data: Mapping[str, Any], role: str, source: str, model: ModelSp
         if key not in latencies:
             try:
                 latencies[key] = LatencyModel(model, gpu, tp, weight_dtype=weight_dtype,
-                                              gpu_memory_utilization=util)
+                                              gpu_memory_utilization=util,
+                                              min_kv_tokens=max_len)
             except ConfigError as exc:
                 raise ConfigError(f"{where} (gpu {gpu.name}, tp {tp}): {exc}") from None
         latency = latencies[key]

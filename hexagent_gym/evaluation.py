@@ -50,7 +50,7 @@ DEFAULT_POLICIES = ("hexagent", "fcfs", "wf-fcfs", "llf", "atlas")
 DEFAULT_BASELINES = ("wf-fcfs", "llf", "atlas")
 METRICS = ("req95", "req99", "mean_ratio", "max_ratio", "prefix_hit_rate", "prefill_load",
            "faster_than_alone", "decode_kv_peak", "preemptions", "decode_wait_mean",
-           "decode_kv_delayed")
+           "decode_kv_delayed", "decode_moves")
 """Per-cell metrics a report may tabulate (``report.metrics``): the SLO scales, the prefix-cache
 hit rate, ρ with the cache (prefill load of the work actually computed), the share of
 workflows that finished sooner than alone, and the decode regime counters (peak KV use ÷
@@ -164,6 +164,7 @@ def run_cell(cell: Cell, factory: EpisodeFactory | None = None, *,
             "preemptions": result.preemptions,
             "decode_wait_mean": result.decode_wait_mean,
             "decode_kv_delayed": result.decode_kv_delayed,
+            "decode_moves": result.decode_moves,
             "num_workflows": result.num_workflows,
             "num_calls": result.num_calls,
             "invocations": result.invocations,

@@ -33,7 +33,7 @@ from hexagent_gym.specs import CallSpec, TraceError, WorkflowSpec, _fail, _where
 # Loading and validating traces (JSONL schema: shared/traces/README.md)
 # --------------------------------------------------------------------------------------------------
 
-TRACE_NAMES = ("sharegpt", "bfcl_v3", "lats", "mixed")
+TRACE_NAMES = ("sharegpt", "bfcl_v3", "lats", "mixed", "agent_sessions")
 """Names of the traces shipped in ``hexagent_gym/data/traces`` (as gzip-compressed JSONL)."""
 
 _ALIASES = {"bfcl-v3": "bfcl_v3", "bfcl": "bfcl_v3", "bfclv3": "bfcl_v3"}
