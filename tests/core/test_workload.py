@@ -92,7 +92,7 @@ def test_name_aliases_and_case(alias: str) -> None:
 
 
 def test_trace_names_constant() -> None:
-    assert TRACE_NAMES == ("sharegpt", "bfcl_v3", "lats", "mixed")
+    assert TRACE_NAMES == ("sharegpt", "bfcl_v3", "lats", "mixed", "agent_sessions")
 
 
 def test_unknown_name_lists_known_names_and_suggests() -> None:
