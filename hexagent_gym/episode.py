@@ -49,7 +49,8 @@ class EpisodeConfig:
         prefix_block_tokens: tokens per prompt block for traces without hash ids (None: 512).
         parallel_sampling: serve a sample group as one request with ``n`` samples.
         length_predictor: scheduler-visible output-length predictor (``hexagent_gym.predictors``:
-            ``oracle``, ``lognormal``, ``bucket``); estimation error multiplies on top.
+            ``lognormal`` — a proxy model's error, the default —, ``bucket`` or ``oracle``, the
+            true lengths); estimation error multiplies on top.
         length_predictor_params: its parameters (a mapping; None = defaults).
         decode_admission: ``predicted`` (reserve predicted demand, preempt on overrun) or
             ``true-demand`` (reserve the true demand, never preempt).
@@ -70,7 +71,7 @@ class EpisodeConfig:
     prefix_cache_tokens: float | None = None
     prefix_block_tokens: int | None = None
     parallel_sampling: bool = True
-    length_predictor: str = "oracle"
+    length_predictor: str = "lognormal"
     length_predictor_params: Mapping[str, Any] | tuple | None = None
     decode_admission: str = "predicted"
     free_decode_calls: bool = True

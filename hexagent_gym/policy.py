@@ -69,6 +69,7 @@ for _name, _entry in {
     "hexagent": "agents.hexagent:HexAgentPolicy",
     "hexagent-lookahead": "agents.lookahead:HexAgentLookahead",  # one-step lookahead teacher
     "hexagent-nocache": "agents.hexagent:HexAgentNoCache",  # plans with no-cache prefill times
+    "hexagent-lb": "agents.ablation:HexAgentLoadBalanced",  # risk order, load-balanced placement
     "fcfs": "agents.baselines:CallFCFS",
     "wf-fcfs": "agents.baselines:WorkflowFCFS",
     "llf": "agents.baselines:LeastLaxityFirst",

@@ -17,7 +17,7 @@ TINY = dict(cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=8, seed=3, load=
 # busy decision points need many calls waiting at once: LATS served without sample groups or
 # prompt reuse (these tests check the network's structure, not the serving regime)
 SMALL = dict(cluster="hetero-1", trace="lats", num_workflows=4, seed=1, load=2.0,
-             prefix_cache=False, parallel_sampling=False)
+             prefix_cache=False, parallel_sampling=False, length_predictor="oracle")
 
 
 def busy_obs(env, min_calls: int = 3, seed: int = 0):

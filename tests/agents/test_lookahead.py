@@ -10,9 +10,11 @@ from hexagent_gym.decisions import Stage
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.policy import make_policy, run_policy
 
-# a saturated prefill stage, so that reordering matters
+# a saturated prefill stage, so that reordering matters (no prefix reuse: with it, this load
+# leaves the prefill stage nearly idle)
 BUSY = EpisodeConfig(cluster="hetero-1", trace="mixed", num_workflows=40, load=3.0,
-                     max_calls_per_decision=16)
+                     max_calls_per_decision=16, prefix_cache=False, parallel_sampling=False,
+                     length_predictor="oracle")
 
 
 @pytest.fixture(scope="module")

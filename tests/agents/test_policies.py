@@ -139,3 +139,29 @@ def test_every_policy_completes_a_small_episode(name):
     assert res.num_workflows == 8 and res.num_calls == 32
     assert np.all(res.ratios > 0.99)  # nothing beats the standalone horizon by much
     assert res.policy == name
+
+
+def test_hexagent_lb_orders_like_hexagent_and_places_like_the_baselines():
+    from agents.ablation import HexAgentLoadBalanced
+    from agents.base import LeastLoadedPlacement
+    from agents.hexagent import HexAgentPolicy
+    from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+
+    factory = EpisodeFactory(EpisodeConfig(cluster="hetero-1", trace="bfcl_v3",
+                                           num_workflows=30, load=None, arrival_rate=40.0))
+    sim = factory.simulator(seed=1)
+    mixed, order, place = HexAgentLoadBalanced(), HexAgentPolicy(), LeastLoadedPlacement()
+    for pol in (mixed, order):
+        pol.reset(sim)
+    place.reset()
+    checked = 0
+    dp = sim.run_until_decision()
+    while dp is not None:
+        while not dp.done:
+            slot, p, d = mixed.pick(dp)
+            assert slot == order.pick(dp)[0]  # the same call as HexAgent would pick
+            assert (p, d) == place(dp, slot)  # at the load-balanced pair
+            dp.pick(slot, p, d)
+            checked += 1
+        dp = sim.run_until_decision()
+    assert checked >= 2 * sim.result().num_calls  # every call at both stages (re-plans too)
