@@ -1,4 +1,4 @@
-"""The decision seam between the simulator core and scheduling policies (DESIGN §3).
+"""The decision seam between the simulator core and scheduling policies (docs/simulator.md).
 
 At a scheduling invocation the core exposes a :class:`DecisionPoint`: the stage, the waiting
 calls (the window) and the planner's simulated state Ŝ with its projections Δ(c, p, d). A policy

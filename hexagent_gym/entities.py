@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 
 class CallState(IntEnum):
-    """Lifecycle of a call (DESIGN §2). Transitions only move forward."""
+    """Lifecycle of a call (docs/simulator.md). Transitions move forward, except a decode
+    preemption (DECODE → WAITING_DECODE) and a free call's move (WAITING_DECODE → TRANSFER)."""
 
     HIDDEN = 0
     WAITING_PREFILL = 1

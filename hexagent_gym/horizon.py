@@ -1,4 +1,4 @@
-"""Standalone horizons H_w: each workflow run alone on the empty cluster (DESIGN §2).
+"""Standalone horizons H_w: each workflow run alone on the empty cluster (docs/simulator.md).
 
 H_w is the metric's denominator, so it uses true service times (no estimation error) and the
 core's fallback placement (earliest projected finish) through the same simulator, which makes

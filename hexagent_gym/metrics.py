@@ -1,4 +1,4 @@
-"""Workflow-level SLO metrics: C_w/H_w ratios, Req_τ and attainment curves (DESIGN §2)."""
+"""Workflow-level SLO metrics: C_w/H_w ratios, Req_τ and attainment curves (docs/simulator.md)."""
 
 from __future__ import annotations
 

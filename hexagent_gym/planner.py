@@ -1,4 +1,4 @@
-"""The planner's simulated state Ŝ and the projections Δ(c, p, d) of DESIGN §3.
+"""The planner's simulated state Ŝ and the projections Δ(c, p, d) (docs/simulator.md).
 
 Everything here is *scheduler-visible*: prefill and decode times carry the per-call estimation
 error and output lengths are predicted ones. True service times live in the simulator only.

@@ -1,11 +1,12 @@
 """The discrete-event simulator of a heterogeneous P-D cluster serving agentic workflows.
 
-Lifecycle of a call (DESIGN §2): hidden → waiting-prefill (revealed) → prefill on its prefill
-instance (non-preemptive, one at a time) → KV transfer to its decode instance (transfers run in
-parallel) → waiting-decode (locked to that instance) → decode with continuous batching → done,
-after which children whose parents are all done are revealed ``tool_latency_s`` later.
+Lifecycle of a call (docs/simulator.md): hidden → waiting-prefill (revealed) → prefill on its
+prefill instance (non-preemptive, one at a time) → KV transfer to its decode instance (transfers
+run in parallel) → waiting-decode → decode with continuous batching → done, after which children
+whose parents are all done are revealed ``tool_latency_s`` later. A decode preemption sends a
+call back to waiting-decode; a free waiting-decode call may be moved to another instance.
 
-Scheduling (DESIGN §3): arrivals and reveals trigger a prefill invocation, transfer completions a
+Scheduling: arrivals and reveals trigger a prefill invocation, transfer completions a
 decode invocation. ``run_until_decision`` advances to the next invocation and returns a
 :class:`~hexagent_gym.decisions.DecisionPoint`; the caller picks every call of it and calls
 ``run_until_decision`` again, which applies the plan. With ``decisions=False`` no invocation is
@@ -292,11 +293,9 @@ class Simulator:
             true = np.fromiter((c.output_tokens for w in workflows for c in w.calls),
                                dtype=np.int64, count=total)
             self._pred = self.predictor.predict(true, rng).tolist()
-        # preemption can only happen when some call outgrows its reservation
-        if self.decode_admission == "true-demand" or (self._pred is None and self._err is None):
-            self._overrun = False
-        else:
-            self._overrun = True
+        # preemption can only happen when some call may outgrow its reservation
+        self._overrun = self.decode_admission != "true-demand" and (
+            self._pred is not None or self._err is not None)
 
     def _push_next_arrival(self) -> None:
         i = self._next_arrival

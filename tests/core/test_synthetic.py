@@ -70,3 +70,19 @@ def test_the_script_writes_byte_identical_files(tmp_path):
     assert len(gzip.decompress(a.read_bytes()).decode().splitlines()) == 7
     assert json.loads(gzip.decompress(a.read_bytes()).decode().splitlines()[0])["source"] == \
         "synthetic"
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("prefix_cache_tokens", -1, "prefix_cache_tokens must be a number of tokens >= 0"),
+    ("prefix_block_tokens", 0, "prefix_block_tokens must be an integer >= 1"),
+    ("prefix_cache", "yes", "prefix_cache must be true or false"),
+    ("length_predictor", "lognormel", "Did you mean: `lognormal`"),
+    ("length_predictor_params", {"sigmaa": 1.0}, "sigmaa"),
+    ("decode_admission", "exact", "decode_admission must be one of predicted, true-demand"),
+    ("free_decode_calls", 1, "free_decode_calls must be true or false"),
+])
+def test_serving_keys_are_validated_with_clear_errors(key, value, message):
+    from hexagent_gym.episode import EpisodeConfig
+
+    with pytest.raises(ConfigError, match=message):
+        EpisodeConfig(**{key: value})
