@@ -111,7 +111,4 @@ def _rotating_argmin(load: np.ndarray, allowed: np.ndarray | None, start: int) -
 
 def earliest_pair(dp: DecisionPoint, slot: int) -> tuple[int, int, float]:
     """The joint (p, d) with the smallest projected finish Δ of one slot, and that Δ."""
-    row = dp.delta_row(slot)
-    flat = int(np.argmin(row))
-    p, d = divmod(flat, row.shape[1])
-    return p, d, float(row.flat[flat])
+    return dp.best_pair(slot)

@@ -28,10 +28,11 @@ from agents.base import BasePolicy
 from hexagent_gym.decisions import DecisionPoint, Stage
 
 
-def projected_risk(dp: DecisionPoint, delta: np.ndarray) -> np.ndarray:
-    """R(c) for every slot of ``dp`` given its Δ tensor (picked slots get −inf)."""
-    n = len(dp.calls)
-    best = delta.reshape(n, -1).min(axis=1)
+def projected_risk(dp: DecisionPoint, best: np.ndarray | None = None) -> np.ndarray:
+    """R(c) for every slot of ``dp`` (picked slots get −inf) from each slot's smallest Δ
+    ``best`` (n,) (default ``dp.min_delta``, under the current Ŝ)."""
+    if best is None:
+        best = dp.min_delta
     batch = dp.batch
     risk = ((dp.now - batch.arrival) + best) / batch.h_est
     risk[np.asarray(dp.picked)] = -np.inf
@@ -72,20 +73,20 @@ class HexAgentPolicy(BasePolicy):
             self._seen = dp
             if not self.cache_aware and dp.stage == Stage.PREFILL:
                 dp.ignore_cache()
-        if len(dp.calls) > self.one_pass_threshold:
+        n = len(dp.calls)
+        if n > self.one_pass_threshold:
             slot = self._one_pass_slot(dp)
-            row = dp.delta_row(slot)
+        elif n == 1:
+            slot = 0  # (the argmax of one risk)
         else:
-            delta = dp.delta
-            slot = int(np.argmax(projected_risk(dp, delta)))
-            row = delta[slot]
-        p, d = divmod(int(np.argmin(row)), row.shape[1])
+            slot = int(np.argmax(projected_risk(dp)))
+        p, d, _ = dp.best_pair(slot)
         return slot, p, d
 
     def _one_pass_slot(self, dp: DecisionPoint) -> int:
         if dp is not self._dp:
             self._dp = dp
-            risk = projected_risk(dp, dp.delta)
+            risk = projected_risk(dp)
             self._order = np.argsort(-risk, kind="stable").tolist()
             self._next = 0
         slot = self._order[self._next]

@@ -49,7 +49,7 @@ class HexAgentLookahead(HexAgentPolicy):
                 or len(dp.calls) > self.one_pass_threshold):
             return super().pick(dp)
         delta = dp.delta
-        risk = projected_risk(dp, delta)
+        risk = projected_risk(dp, _min_over_pairs(delta))
         live = np.isfinite(risk)
         order = np.argsort(-risk, kind="stable")[: self.candidates]
         slots = [int(s) for s in order if live[s]]
@@ -74,7 +74,11 @@ def lookahead_score(dp: DecisionPoint, delta: np.ndarray, risk: np.ndarray, live
     slot, p, d = pick
     state = dp.state.copy()
     state.commit(dp.calls[slot], p, d, float(delta[slot, p, d]), True)
-    others = projected_risk(dp, state.project_prefill(dp.batch))
+    others = projected_risk(dp, _min_over_pairs(state.project_prefill(dp.batch)))
     others = others[live & (np.arange(len(dp.calls)) != slot)]
     own = float(risk[slot])
     return max(own, float(others.max())) if others.size else own
+
+
+def _min_over_pairs(delta: np.ndarray) -> np.ndarray:
+    return delta.reshape(len(delta), -1).min(axis=1)

@@ -163,7 +163,8 @@ def head_index(queue: list[Call]) -> int:
 class PrefillInstance:
     """Single-server prefill: one call at a time, a local queue ordered by ``Call.queue_key``."""
 
-    __slots__ = ("index", "gpu", "latency", "queue", "running", "busy_until", "queued_est")
+    __slots__ = ("index", "gpu", "latency", "queue", "running", "busy_until", "queued_est",
+                 "load_tokens")
 
     def __init__(self, index: int, gpu: str, latency: LatencyModel) -> None:
         self.index = index
@@ -173,6 +174,7 @@ class PrefillInstance:
         self.running: Call | None = None
         self.busy_until = 0.0
         self.queued_est = 0.0  # scheduler-visible seconds of prefill work queued (not running)
+        self.load_tokens = 0  # prompt tokens queued or running (the baselines' load signal)
 
     def pop_next(self) -> Call:
         """Remove and return the queued call with the smallest key."""

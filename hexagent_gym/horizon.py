@@ -3,17 +3,27 @@
 H_w is the metric's denominator, so it uses true service times (no estimation error) and the
 core's fallback placement (earliest projected finish) through the same simulator, which makes
 C_w = H_w exactly (up to floating-point rounding) for a workflow served alone under the fallback.
+
+A workflow alone on an empty cluster touches few instances, and untouched instances of one kind
+(same speed, memory, batch limit and network rows) are twins: the fallback breaks ties by the
+lowest index, so of the untouched members of a kind only the first can be chosen. If a run on the
+cluster cut to the first ``m`` members of each kind never touches the last kept member of a cut
+kind, the full cluster's run makes the same choices, so its result is bit for bit the full
+cluster's. :class:`HorizonCache` runs each workflow on such a cut (``m`` = 4, doubled until the
+check holds), which makes a horizon cost the same on 64 + 64 instances as on 8 + 8 (tested).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hexagent_gym.planner import ClusterTables
+
 if TYPE_CHECKING:
     from hexagent_gym.cluster import ClusterSpec
-    from hexagent_gym.planner import ClusterTables
     from hexagent_gym.workload import WorkflowSpec
 
 
@@ -27,22 +37,51 @@ class HorizonCache:
     def __init__(self, cluster: ClusterSpec, tables: ClusterTables | None = None, *,
                  prefix_cache: bool = True, prefix_cache_tokens: float | None = None,
                  parallel_sampling: bool = True) -> None:
-        from hexagent_gym.planner import ClusterTables
-
         self.cluster = cluster
         self.tables = tables if tables is not None else ClusterTables(cluster)
         self.serving = {"prefix_cache": prefix_cache, "prefix_cache_tokens": prefix_cache_tokens,
                         "parallel_sampling": parallel_sampling}
         self._cache: dict[int, tuple[WorkflowSpec, float]] = {}
+        self._kinds = _instance_kinds(cluster)
+        self._widest = max(len(members) for kinds in self._kinds for members in kinds.values())
+        self._sub: dict[int, tuple[ClusterSpec, ClusterTables]] = {}
 
     def get(self, spec: WorkflowSpec) -> float:
         """H_w of one workflow in seconds (computed once per spec)."""
         hit = self._cache.get(id(spec))
         if hit is not None and hit[0] is spec:
             return hit[1]
-        value = standalone_time(self.cluster, spec, self.tables, **self.serving)
+        value = self._standalone(spec)
         self._cache[id(spec)] = (spec, value)
         return value
+
+    def _standalone(self, spec: WorkflowSpec) -> float:
+        if self.serving["prefix_cache"] or not _is_chain(spec):  # (a chain has a shortcut)
+            m = _FIRST_CUT
+            while m < self._widest:
+                sub, tables, last_p, last_d = self._cut(m)
+                sim = _simulation(sub, spec, tables, **self.serving)
+                calls = sim.workflows[0].calls
+                if not (last_p & {c.prefill_inst for c in calls}
+                        or last_d & {c.decode_inst for c in calls}):
+                    return sim.workflows[0].finish_t  # the cut never mattered: exact
+                m *= 2
+        return standalone_time(self.cluster, spec, self.tables, **self.serving)
+
+    def _cut(self, m: int) -> tuple[ClusterSpec, ClusterTables, set[int], set[int]]:
+        """The cluster cut to the first ``m`` members of each kind, its tables and the indices
+        (in the cut) of the last kept member of every kind that lost members (cached)."""
+        hit = self._sub.get(m)
+        if hit is None:
+            pre_kinds, dec_kinds = self._kinds
+            keep_p = sorted(i for members in pre_kinds.values() for i in members[:m])
+            keep_d = sorted(i for members in dec_kinds.values() for i in members[:m])
+            last_p = {keep_p.index(ms[m - 1]) for ms in pre_kinds.values() if len(ms) > m}
+            last_d = {keep_d.index(ms[m - 1]) for ms in dec_kinds.values() if len(ms) > m}
+            sub = _restrict(self.cluster, keep_p, keep_d)
+            hit = (sub, ClusterTables(sub), last_p, last_d)
+            self._sub[m] = hit
+        return hit
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -54,14 +93,41 @@ def standalone_time(cluster: ClusterSpec, spec: WorkflowSpec,
                     parallel_sampling: bool = True) -> float:
     """Completion time of ``spec`` arriving at t = 0 on the empty cluster, served alone (with a
     cold prefix cache: only the workflow's own earlier prompts can hit)."""
-    from hexagent_gym.planner import ClusterTables
-
     tables = tables if tables is not None else ClusterTables(cluster)
     if not prefix_cache and _is_chain(spec):
         return _chain_time(tables, spec)
     return _simulated_time(cluster, spec, tables, prefix_cache=prefix_cache,
                            prefix_cache_tokens=prefix_cache_tokens,
                            parallel_sampling=parallel_sampling)
+
+
+_FIRST_CUT = 4  # members kept per kind on the first try (most workflows touch one or two)
+
+
+def _instance_kinds(cluster: ClusterSpec) -> tuple[dict, dict]:
+    """Instances grouped by kind, members in index order: equal latency model, KV capacity,
+    batch limit and transfer rows (so an empty instance of a kind is any other's twin)."""
+    setup, spt = cluster.transfer_setup_s, cluster.transfer_s_per_token
+    pre: dict = {}
+    for p, inst in enumerate(cluster.prefill):
+        key = (id(inst.latency), inst.kv_capacity_tokens, setup[p].tobytes(), spt[p].tobytes())
+        pre.setdefault(key, []).append(p)
+    dec: dict = {}
+    for d, inst in enumerate(cluster.decode):
+        key = (id(inst.latency), inst.kv_capacity_tokens, inst.max_batch_size,
+               setup[:, d].tobytes(), spt[:, d].tobytes())
+        dec.setdefault(key, []).append(d)
+    return pre, dec
+
+
+def _restrict(cluster: ClusterSpec, keep_p: list[int], keep_d: list[int]) -> ClusterSpec:
+    """The cluster with only the listed prefill and decode instances (order kept)."""
+    rows, cols = np.asarray(keep_p), np.asarray(keep_d)
+    return replace(cluster, prefill=tuple(cluster.prefill[p] for p in keep_p),
+                   decode=tuple(cluster.decode[d] for d in keep_d),
+                   transfer_setup_s=cluster.transfer_setup_s[np.ix_(rows, cols)],
+                   transfer_s_per_token=cluster.transfer_s_per_token[np.ix_(rows, cols)],
+                   transfer_bandwidth_gbs=cluster.transfer_bandwidth_gbs[np.ix_(rows, cols)])
 
 
 def _is_chain(spec: WorkflowSpec) -> bool:
@@ -105,6 +171,11 @@ def _never_binds(d: int, need: float, over: int) -> float:
 
 def _simulated_time(cluster: ClusterSpec, spec: WorkflowSpec, tables: ClusterTables,
                     **serving) -> float:
+    return _simulation(cluster, spec, tables, **serving).workflows[0].finish_t
+
+
+def _simulation(cluster: ClusterSpec, spec: WorkflowSpec, tables: ClusterTables, **serving):
+    """The finished standalone run of ``spec`` (a :class:`Simulator`)."""
     from hexagent_gym.arrivals import EpisodeWorkload
     from hexagent_gym.simulator import Simulator
 
@@ -112,4 +183,4 @@ def _simulated_time(cluster: ClusterSpec, spec: WorkflowSpec, tables: ClusterTab
     sim = Simulator(cluster, workload, decisions=False, compute_horizons=False, tables=tables,
                     **serving)
     sim.run_until_decision()
-    return sim.workflows[0].finish_t
+    return sim

@@ -57,6 +57,11 @@ class ClusterTables:
         self.pf_members = [[p for p, k in enumerate(self.pf_class.tolist()) if k == c]
                            for c in range(len(self.pf_models))]
         self.pf_rep = [m[0] for m in self.pf_members]
+        # class-contiguous order of prefill instances, for one reduceat over each class
+        self.pf_perm = np.array([p for m in self.pf_members for p in m], dtype=np.int64)
+        self.pf_starts = np.cumsum([0] + [len(m) for m in self.pf_members[:-1]])
+        self.setup_cls = self.setup[self.pf_rep]  # (K, D): a class's members share these rows
+        self.spt_cls = self.s_per_token[self.pf_rep]
         self._class_sizes = [len(m) for m in self.pf_members]
         self._xcol_cache: dict[int, list[list[float]]] = {}
         self._xrow_cache: dict[int, list[list[float]]] = {}
@@ -76,6 +81,11 @@ class ClusterTables:
         self.dec_static = list(zip(self.capacity.tolist(), self.max_batch.tolist(),
                                    self.dec_base_list, self.dec_slope_list, strict=True))
         self._d_range = np.arange(self.num_decode)
+        # one representative per class pair for standalone estimates: (p, setup row, s/token row)
+        dec_rep = [self.dec_class.tolist().index(k) for k in range(len(self.dec_models))]
+        self._alone_dec = [(float(base[k, 1]), float(slope[k, 1])) for k in range(len(dec_rep))]
+        self._alone_pairs = [(p, self.setup[p, dec_rep].tolist(),
+                              self.s_per_token[p, dec_rep].tolist()) for p in self.pf_rep]
 
     def prefill_times(self, input_tokens: int) -> tuple[list[float], list[float]]:
         """True prefill seconds of a prompt per prefill instance and per prefill class, cached."""
@@ -136,11 +146,19 @@ class ClusterTables:
 
     def standalone_estimate(self, pf_est: list[float], l_in: int, l_out: float,
                             dec_err: float) -> float:
-        """A call's duration alone on the empty cluster at its best pair (scheduler-visible)."""
+        """A call's duration alone on the empty cluster at its best pair (scheduler-visible).
+
+        Instances of one class share every term, so the minimum runs over class pairs."""
         ctx = l_in + 0.5 * (l_out - 1.0)
-        dec = l_out * (self.dec_base[:, 1] + self.dec_slope[:, 1] * ctx) * dec_err
-        total = np.asarray(pf_est)[:, None] + self.setup + l_in * self.s_per_token + dec[None, :]
-        return float(total.min())
+        dec = [l_out * (b + s * ctx) * dec_err for b, s in self._alone_dec]
+        best = INF
+        for p, setup, spt in self._alone_pairs:
+            pf = pf_est[p]
+            for j, x in enumerate(dec):
+                v = pf + setup[j] + l_in * spt[j] + x
+                if v < best:
+                    best = v
+        return best
 
 
 def _classes(models: list) -> tuple[list, np.ndarray]:
@@ -160,11 +178,13 @@ def _classes(models: list) -> tuple[list, np.ndarray]:
 class CallBatch:
     """Constant per-call arrays of a decision's window, built once and reused at every pick."""
 
-    __slots__ = ("pf", "weight", "ctx", "kv_pred", "xfer", "too_big", "any_too_big",
-                 "prefill_inst", "decode_inst", "arrival", "h_est", "cached", "locked")
+    __slots__ = ("pf", "weight", "ctx", "kv_pred", "l_in", "too_big", "any_too_big",
+                 "prefill_inst", "decode_inst", "arrival", "h_est", "cached", "locked", "_xfer",
+                 "_xfer_cls", "_tables")
 
     def __init__(self, tables: ClusterTables, calls: list[Call], cache_aware: bool = True) -> None:
-        l_in = np.array([c.l_in for c in calls], dtype=np.float64)
+        self._tables = tables
+        self.l_in = l_in = np.array([c.l_in for c in calls], dtype=np.float64)
         l_out = np.array([c.l_out_pred for c in calls], dtype=np.float64)
         err = np.array([c.dec_err for c in calls])
         # (n, P) estimated prefill seconds: with the cache hits each instance offers, or cold
@@ -180,7 +200,7 @@ class CallBatch:
         self.weight = l_out * err  # decode seconds = weight · per-token step time
         self.ctx = l_in + 0.5 * (l_out - 1.0)  # mean own context over the call's decode
         self.kv_pred = l_in + l_out
-        self.xfer = tables.setup + l_in[:, None, None] * tables.s_per_token  # (n, P, D)
+        self._xfer = self._xfer_cls = None
         kv_true = np.array([c.kv_true for c in calls], dtype=np.float64)
         self.too_big = kv_true[:, None] > tables.capacity[None, :]  # (n, D) never fits
         self.any_too_big = bool(self.too_big.any())
@@ -189,12 +209,32 @@ class CallBatch:
         self.arrival = np.array([c.workflow.arrival for c in calls])  # workflow arrival a_w
         self.h_est = np.array([c.workflow.h_est for c in calls])  # running horizon H_w(t)
 
+    @property
+    def xfer(self) -> np.ndarray:
+        """(n, P, D) KV-transfer seconds of each call on each pair (built on first use)."""
+        if self._xfer is None:
+            t = self._tables
+            self._xfer = t.setup + self.l_in[:, None, None] * t.s_per_token
+        return self._xfer
+
+    @property
+    def xfer_cls(self) -> np.ndarray:
+        """(n, K, D) KV-transfer seconds per prefill class (the same values as :attr:`xfer` on
+        any member of the class)."""
+        if self._xfer_cls is None:
+            t = self._tables
+            self._xfer_cls = t.setup_cls + self.l_in[:, None, None] * t.spt_cls
+        return self._xfer_cls
+
     def row(self, i: int) -> CallBatch:
         """A one-call batch viewing row ``i`` (no copies)."""
         out = CallBatch.__new__(CallBatch)
         for name in CallBatch.__slots__:
             value = getattr(self, name)
-            setattr(out, name, value if name == "any_too_big" else value[i:i + 1])
+            if name in ("any_too_big", "_tables") or value is None:
+                setattr(out, name, value)
+            else:
+                setattr(out, name, value[i:i + 1])
         out.any_too_big = bool(out.too_big.any())
         return out
 
@@ -225,10 +265,18 @@ class PlanState:
         self._exclude = exclude  # uids being planned: not counted as existing reservations
         self._releases: list[list[tuple[float, float]] | None] = [None] * tables.num_decode
         self._picked: list[list[tuple[float, float]]] = [[] for _ in range(tables.num_decode)]
-        self._tau = tables.decode_tau(dec_count, dec_ctx)
+        self._tau_cache: tuple[np.ndarray, np.ndarray] | None = None
         self.free_decode = True  # waiting decode calls not yet served may move (project_decode)
         # prompt tokens queued or running on each prefill instance (speed-unaware load)
         self.pf_tokens = np.zeros(tables.num_prefill)
+
+    @property
+    def _tau(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-token step time (base, slope) of each decode instance with one more call
+        (:meth:`ClusterTables.decode_tau`), built on first use and kept current by commits."""
+        if self._tau_cache is None:
+            self._tau_cache = self.tables.decode_tau(self.dec_count, self.dec_ctx)
+        return self._tau_cache
 
     # -- projections ---------------------------------------------------------------------------
     def decode_starts(self, kv: np.ndarray) -> np.ndarray | float:
@@ -282,7 +330,22 @@ class PlanState:
 
     def project_prefill(self, batch: CallBatch) -> np.ndarray:
         """Δ (n, P, D) for calls waiting for prefill; inf where d cannot hold the call."""
-        arrive = (self.free + batch.pf)[:, :, None] + batch.xfer
+        return self._finish(batch, (self.free + batch.pf)[:, :, None] + batch.xfer)
+
+    def project_prefill_classes(self, batch: CallBatch) -> np.ndarray:
+        """Δ (n, K, D) over prefill *classes*: each class's entry is its best member's.
+
+        Members of a class differ only in their free time and cached prefix, i.e. in
+        ``free + pf``; Δ is monotone in it, so the class's entry is the minimum of
+        :meth:`project_prefill` over its members (the same float, bit for bit), and the
+        minimum over (K, D) is the minimum over (P, D) at O(K·D) instead of O(P·D)."""
+        t = self.tables
+        ready = np.minimum.reduceat((self.free + batch.pf)[:, t.pf_perm], t.pf_starts, axis=1)
+        return self._finish(batch, ready[:, :, None] + batch.xfer_cls)
+
+    def _finish(self, batch: CallBatch, arrive: np.ndarray) -> np.ndarray:
+        """Δ from KV arrival times ``arrive`` (n, X, D): the later of arrival and the earliest
+        decode start, plus the decode time, from now; inf where d cannot hold the call."""
         start = self.decode_starts(batch.kv_pred)
         if not isinstance(start, float):
             start = start[:, None, :]
@@ -293,6 +356,147 @@ class PlanState:
             delta[np.broadcast_to(batch.too_big[:, None, :], delta.shape)] = INF
         return delta
 
+    def best_prefill_pair(self, batch: CallBatch, i: int,
+                          classes: np.ndarray) -> tuple[int, int, float]:
+        """The pair ``np.argmin`` picks in row ``i`` of :meth:`project_prefill` (lowest p, then
+        lowest d, among equal Δ) and that Δ, from the row's class projection ``classes`` (K, D).
+
+        Only the decode instances where the minimum occurs are expanded over every prefill
+        instance (exact ties between members and classes are resolved as the full row would)."""
+        best = float(classes.min())
+        if best == INF:
+            return 0, 0, best  # no valid pair: argmin of an all-inf row
+        cols = np.flatnonzero(classes.min(axis=0) == best)
+        t = self.tables
+        arrive = (self.free + batch.pf[i])[:, None] + (
+            t.setup[:, cols] + batch.l_in[i] * t.s_per_token[:, cols])
+        start = self.decode_starts(batch.kv_pred[i:i + 1])
+        if not isinstance(start, float):
+            start = start[0, cols]
+        base, slope = self._tau
+        dec = batch.weight[i] * (base[cols] + slope[cols] * batch.ctx[i])
+        sub = np.maximum(arrive, start) + (dec - self.now)
+        p, j = divmod(int(np.argmin(sub)), len(cols))
+        return p, int(cols[j]), best
+
+    def best_prefill_pair_one(self, call: Call, pf: list[float]) -> tuple[int, int, float]:
+        """:meth:`best_prefill_pair` for a window of one call, in scalar Python (the common
+        decision; numpy's per-call overhead dominates at this size). ``pf``: the prefill
+        seconds the projection uses on each instance. Same floats, same tie-breaking."""
+        t = self.tables
+        now = self.now
+        free = self.free.tolist()
+        ready = []  # per prefill class: its best member's free + prefill
+        for members in t.pf_members:
+            r = INF
+            for p in members:
+                v = free[p] + pf[p]
+                if v < r:
+                    r = v
+            ready.append(r)
+        xcols = t.transfer_cols(call.l_in)
+        tokens, count, ctx = self._decode_lists()
+        top = t.batch_top
+        l_out = float(call.l_out_pred)
+        weight = l_out * call.dec_err
+        own_ctx = call.l_in + 0.5 * (l_out - 1.0)
+        kv = float(call.l_in + call.l_out_pred)  # as CallBatch.kv_pred
+        kv_true = call.kv_true
+        best, cols, starts, ends = INF, [], {}, {}
+        for d, (cap, max_batch, base_row, slope_row) in enumerate(t.dec_static):
+            if kv_true > cap:
+                continue
+            n = count[d]
+            b = n + 1 if n < top else top
+            slope = slope_row[b]
+            end = weight * ((base_row[b] + slope * ctx[d]) + slope * own_ctx) - now
+            need = (kv if kv < cap else cap) - (cap - tokens[d])
+            start = now if need <= 0.0 and n < max_batch else self.slow_start(
+                d, need, n - max_batch + 1)
+            x = xcols[d]
+            col = INF
+            for k, r in enumerate(ready):
+                a = r + x[k]
+                v = (a if a > start else start) + end
+                if v < col:
+                    col = v
+            if col < best:
+                best, cols = col, [d]
+            elif col == best:
+                cols.append(d)
+            starts[d], ends[d] = start, end
+        if best == INF:
+            return 0, 0, best  # no valid pair: argmin of an all-inf row
+        cls = t.pf_class_list
+        for p, f in enumerate(free):  # lowest p, then lowest d, reaching the minimum
+            fp = f + pf[p]
+            k = cls[p]
+            for d in cols:
+                a = fp + xcols[d][k]
+                start = starts[d]
+                if (a if a > start else start) + ends[d] == best:
+                    return p, d, best
+        raise AssertionError("the minimum is reached by some pair")
+
+    def _decode_lists(self) -> tuple[list[float], list[int], list[float]]:
+        return self.dec_tokens.tolist(), self.dec_count.tolist(), self.dec_ctx.tolist()
+
+    def best_decode_pair_one(self, call: Call) -> tuple[int, int, float]:
+        """``np.argmin`` over :meth:`project_decode`'s row of a window of one call, and that Δ,
+        in scalar Python (same floats as the numpy projection)."""
+        t = self.tables
+        now = self.now
+        p, own = call.prefill_inst, call.decode_inst
+        tokens, count, ctx = self._decode_lists()
+        top = t.batch_top
+        l_out = float(call.l_out_pred)
+        weight = l_out * call.dec_err
+        own_ctx = call.l_in + 0.5 * (l_out - 1.0)
+        kv = float(call.l_in + call.l_out_pred)  # as CallBatch.kv_pred
+
+        def finish(d: int) -> tuple[float, float]:  # (earliest start, decode end − now) on d
+            cap, max_batch, base_row, slope_row = t.dec_static[d]
+            n = count[d]
+            b = n + 1 if n < top else top
+            slope = slope_row[b]
+            end = weight * ((base_row[b] + slope * ctx[d]) + slope * own_ctx) - now
+            need = (kv if kv < cap else cap) - (cap - tokens[d])
+            start = now if need <= 0.0 and n < max_batch else self.slow_start(
+                d, need, n - max_batch + 1)
+            return start, end
+
+        start, end = finish(own)
+        best, best_d = start + end, own
+        if self.free_decode and call.preempted == 0 and start > now:
+            # its own instance cannot admit it now: it may move (its KV sent again from p)
+            setup, spt, l_in, kv_true = t.setup_list[p], t.spt_list[p], call.l_in, call.kv_true
+            best, best_d = INF, 0
+            for d in range(t.num_decode):
+                if kv_true > t.dec_static[d][0]:
+                    continue
+                start, end = finish(d)
+                a = now if d == own else now + (setup[d] + l_in * spt[d])
+                v = (a if a > start else start) + end
+                if v < best:
+                    best, best_d = v, d
+        if best == INF:
+            return 0, 0, best
+        return p, best_d, best
+
+    def prefill_delta_at(self, batch: CallBatch, p: int, d: int) -> float:
+        """One entry ``project_prefill(batch)[0, p, d]`` of a one-call batch (same float)."""
+        if batch.too_big[0, d]:
+            return INF
+        t = self.tables
+        arrive = (self.free[p] + batch.pf[0, p]) + (t.setup[p, d]
+                                                    + batch.l_in[0] * t.s_per_token[p, d])
+        start = self.decode_starts(batch.kv_pred)
+        if not isinstance(start, float):
+            start = start[0, d]
+        base, slope = self._tau
+        dec = batch.weight[0] * (base[d] + slope[d] * batch.ctx[0])
+        return float(max(arrive, start) + (dec - self.now))
+
     def project_decode(self, batch: CallBatch) -> np.ndarray:
         """Δ (n, P, D) for calls waiting at the decode stage; inf elsewhere.
 
@@ -302,27 +506,36 @@ class PlanState:
         transfer time of p, d')."""
         t = self.tables
         n = len(batch.kv_pred)
+        delta = np.full((n, t.num_prefill, t.num_decode), INF)
+        delta[np.arange(n), batch.prefill_inst] = self.project_decode_rows(batch)
+        return delta
+
+    def project_decode_rows(self, batch: CallBatch) -> np.ndarray:
+        """The only row of :meth:`project_decode` that can be finite, ``p`` = each call's
+        prefill instance: (n, D)."""
+        t = self.tables
+        n = len(batch.kv_pred)
         rows = np.arange(n)
         base, slope = self._tau
         d = batch.decode_inst
         dec = batch.weight * (base[d] + slope[d] * batch.ctx)
         start = self.decode_starts(batch.kv_pred)
         start_own = start if isinstance(start, float) else start[rows, d]
-        delta = np.full((n, t.num_prefill, t.num_decode), INF)
-        delta[rows, batch.prefill_inst, d] = start_own + (dec - self.now)
+        delta = np.full((n, t.num_decode), INF)
+        delta[rows, d] = start_own + (dec - self.now)
         # a free call may move only when its own instance cannot admit it now
         if self.free_decode and not isinstance(start_own, float) and not batch.locked.all():
             f = np.flatnonzero(~batch.locked & (start_own > self.now))
             p = batch.prefill_inst[f]
-            arrive = self.now + batch.xfer[f, p, :]  # (m, D): when its KV could be on d'
-            arrive[np.arange(len(f)), d[f]] = self.now
+            arrive = self.now + (t.setup[p] + batch.l_in[f, None] * t.s_per_token[p])
+            arrive[np.arange(len(f)), d[f]] = self.now  # (m, D): when its KV could be on d'
             dec_all = batch.weight[f, None] * (base[None, :] + slope[None, :]
                                                * batch.ctx[f, None])
             st = start if isinstance(start, float) else start[f]
             val = np.maximum(arrive, st) + (dec_all - self.now)
             if batch.any_too_big:
                 val[batch.too_big[f]] = INF
-            delta[f, p, :] = val
+            delta[f] = val
         return delta
 
     def copy(self) -> PlanState:
@@ -341,7 +554,8 @@ class PlanState:
         new._exclude = self._exclude
         new._releases = [None if r is None else list(r) for r in self._releases]
         new._picked = [list(p) for p in self._picked]
-        new._tau = (self._tau[0].copy(), self._tau[1].copy())
+        tau = self._tau_cache
+        new._tau_cache = None if tau is None else (tau[0].copy(), tau[1].copy())
         new.free_decode = self.free_decode
         return new
 
@@ -362,11 +576,13 @@ class PlanState:
         if rel is not None:
             bisect.insort(rel, item)
         # only d's step time changed: refresh its entry (same arithmetic as decode_tau)
-        t = self.tables
-        b = min(int(self.dec_count[d]) + 1, t.batch_top)
-        slope = t.dec_slope_list[d][b]
-        self._tau[0][d] = t.dec_base_list[d][b] + slope * self.dec_ctx[d]
-        self._tau[1][d] = slope
+        tau = self._tau_cache
+        if tau is not None:
+            t = self.tables
+            b = min(int(self.dec_count[d]) + 1, t.batch_top)
+            slope = t.dec_slope_list[d][b]
+            tau[0][d] = t.dec_base_list[d][b] + slope * self.dec_ctx[d]
+            tau[1][d] = slope
 
     def _release_list(self, d: int) -> list[tuple[float, float]]:
         """Projected (release time, tokens) of every reservation on d, sorted; built lazily."""
@@ -474,8 +690,7 @@ def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
     """Build Ŝ at ``now`` for planning ``planned`` (those calls hold no reservation in Ŝ)."""
     exclude = {c.uid for c in planned}
     work = [inst.queued_est for inst in prefill]
-    pf_tokens = [sum(c.l_in for c in inst.queue)
-                 + (inst.running.l_in if inst.running is not None else 0) for inst in prefill]
+    pf_tokens = [inst.load_tokens for inst in prefill]
     tokens = np.array([float(x.committed_pred) for x in decode])
     count = np.array([x.committed_count for x in decode], dtype=np.int64)
     ctx = np.array([x.sched_ctx for x in decode])

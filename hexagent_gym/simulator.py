@@ -413,6 +413,7 @@ class Simulator:
         inst = self.prefill[p]
         call = inst.running
         inst.running = None
+        inst.load_tokens -= call.l_in
         call.prefill_end = self.now
         call.state = CallState.TRANSFER
         if self.caches is not None:
@@ -820,6 +821,7 @@ class Simulator:
         call.decode_inst = d
         inst = self.prefill[p]
         inst.queue.append(call)
+        inst.load_tokens += call.l_in
         call.pf_queued = call.pf_est[p]
         inst.queued_est += call.pf_queued
         dec = self.decode[d]
@@ -836,6 +838,7 @@ class Simulator:
             return
         src = self.prefill[p]
         src.queue.remove(call)
+        src.load_tokens -= call.l_in
         src.queued_est = src.queued_est - call.pf_queued if src.queue else 0.0
         dec = self.decode[d]
         dec.committed_pred -= call.kv_pred

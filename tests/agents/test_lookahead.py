@@ -39,7 +39,7 @@ class _Checked(HexAgentLookahead):
         choice = super().pick(dp)
         if dp.stage == Stage.PREFILL and len(dp.remaining) > 1:
             delta = dp.delta
-            risk = projected_risk(dp, delta)
+            risk = projected_risk(dp, delta.reshape(len(delta), -1).min(axis=1))
             live = np.isfinite(risk)
             greedy = int(np.argmax(risk))
             row = delta[greedy]

@@ -54,7 +54,7 @@ def test_hexagent_risk_ranks_by_elapsed_over_horizon():
     from agents.hexagent import projected_risk
 
     _, dp = two_call_decision(arrivals=(-2.0, 0.0))
-    risk = projected_risk(dp, dp.delta)
+    risk = projected_risk(dp)
     h = [c.workflow.h_est for c in dp.calls]
     best = dp.delta.reshape(2, -1).min(axis=1)
     assert risk[0] == pytest.approx((2.0 + best[0]) / h[0])

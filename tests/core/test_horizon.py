@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hexagent_gym.cluster import load_cluster
 from hexagent_gym.horizon import HorizonCache, _chain_time, _simulated_time, standalone_time
 from hexagent_gym.planner import ClusterTables
-from hexagent_gym.workload import make_workflow
+from hexagent_gym.workload import load_trace, make_workflow
 from tests.toy import ToyLatency, toy_cluster
 
 lat = st.builds(ToyLatency, a=st.floats(0.001, 0.05), b=st.floats(1e-5, 5e-4),
@@ -50,3 +52,18 @@ def test_cache_computes_each_spec_once():
     wf = make_workflow([(100, 10, 0.0, [])])
     h = cache.get(wf)
     assert cache.get(wf) == h and len(cache) == 1
+
+
+@pytest.mark.parametrize("trace", ["lats", "bfcl_v3", "mixed"])
+def test_sub_cluster_horizons_equal_the_full_cluster_bit_for_bit(trace):
+    # fan-outs, sample groups and prompt reuse on 32 + 32 instances: the cache runs each workflow
+    # on the first m members of each kind and must return the full cluster's float exactly
+    cluster = load_cluster("hetero-1-x4")
+    tables = ClusterTables(cluster)
+    cache = HorizonCache(cluster, tables)
+    specs = load_trace(trace).workflows
+    picked = sorted(specs, key=lambda w: -len(w.calls))[:4] + list(specs[:6])
+    for spec in picked:
+        assert cache.get(spec) == standalone_time(cluster, spec, tables)
+    assert min(len(sub.prefill) for sub, *_ in cache._sub.values()) == 12  # 4 per kind: cut
+
