@@ -45,7 +45,7 @@ class Call:
         "prefill_end", "transfer_end", "decode_start", "finish_t", "v_admit", "v_finish",
         "v_finish_pred", "ef_start", "ef", "est_duration", "service", "proj_release",
         "pf_cold", "pf_run", "pf_queued", "cached", "hit", "held", "lead", "width",
-        "group_left", "kv_free", "kv_res", "generated", "preempted", "decode_wait",
+        "group_left", "kv_free", "kv_res", "generated", "preempted", "moved", "decode_wait",
         "wait_since", "kv_blocked", "admit_seq", "ctx_term", "true_term",
     )
 
@@ -98,6 +98,7 @@ class Call:
         self.group_left = 0  # a group leader's members still decoding
         self.generated = 0.0  # tokens generated before a preemption (kept across it)
         self.preempted = 0  # times it was preempted
+        self.moved = False  # re-placed once on another decode instance (then locked there)
         self.decode_wait = 0.0  # seconds waiting in decode queues (every wait)
         self.wait_since = -1.0  # when its current decode wait began
         self.kv_blocked = False  # it waited while its decode instance's queue head lacked KV
@@ -211,7 +212,8 @@ class DecodeInstance:
         # (and tokens generated before a preemption) plus v − v_admit generated tokens
         self.true_base = 0.0
         self.peak_kv = 0.0  # largest true KV in use seen
-        self.recomputing = 0  # preempted calls re-computing their KV before rejoining the batch
+        # preempted calls re-computing their KV before rejoining the batch: uid -> (ready, call)
+        self.recomputing: dict[int, tuple[float, Call]] = {}
         self.hold = False  # no admissions until memory frees (set by a preemption)
         self.admits = 0
         self.batch: list[tuple[float, int, Call]] = []  # heap of (v_finish, uid, call)

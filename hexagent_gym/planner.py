@@ -191,8 +191,8 @@ class CallBatch:
         self.pf = np.array([c.pf_est if cache_aware else c.pf_cold for c in calls])
         # (n, P) prompt tokens each prefill instance's cache holds for each call
         # at the decode stage a call is locked to its instance once that instance has served it
-        # (a preempted call); before that it is free to move
-        self.locked = np.array([c.preempted > 0 for c in calls], dtype=bool)
+        # (a preempted call) or once it has moved; before that it is free to move
+        self.locked = np.array([c.preempted > 0 or c.moved for c in calls], dtype=bool)
         self.cached = np.zeros((len(calls), tables.num_prefill))
         for i, c in enumerate(calls):
             if c.cached is not None:
@@ -467,7 +467,7 @@ class PlanState:
 
         start, end = finish(own)
         best, best_d = start + end, own
-        if self.free_decode and call.preempted == 0 and start > now:
+        if self.free_decode and call.preempted == 0 and not call.moved and start > now:
             # its own instance cannot admit it now: it may move (its KV sent again from p)
             setup, spt, l_in, kv_true = t.setup_list[p], t.spt_list[p], call.l_in, call.kv_true
             best, best_d = INF, 0
@@ -606,6 +606,9 @@ class PlanState:
                 if prev is None or when > prev[0]:
                     groups[lead.uid] = (when, float(lead.kv_pred))
         rel.extend(groups.values())
+        for ready, c in inst.recomputing.values():  # admitted, rebuilding its KV: still holds it
+            left = max(c.l_out_pred - c.generated, 1.0)
+            rel.append((max(ready, now) + left * step, float(c.kv_pred)))
         for c in inst.inbound.values():
             if c.uid not in self._exclude:
                 rel.append((max(c.proj_release, now), float(c.kv_pred)))

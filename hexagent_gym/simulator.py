@@ -90,7 +90,7 @@ class Simulator:
             ``"true-demand"`` — reserve the true demand (never preempts; the regime before).
         free_decode_calls: a call waiting at its decode instance that the instance has not
             served yet may be re-placed on another decode instance by a plan (its KV is sent
-            again: the P→D transfer time); a preempted call stays (locked).
+            again: the P→D transfer time); a preempted or already moved call stays (locked).
     """
 
     def __init__(self, cluster: ClusterSpec, workload: EpisodeWorkload, *,
@@ -514,7 +514,7 @@ class Simulator:
         """A resumed call's KV is rebuilt: it rejoins its instance's batch."""
         inst = self.decode[call.decode_inst]
         inst.advance(self.now)
-        inst.recomputing -= 1
+        del inst.recomputing[call.uid]
         inst.true_base -= call.l_in + call.generated  # now held as a batch member instead
         inst.admit(call, self.now, reserve=False)
         self._reschedule(inst)
@@ -648,8 +648,8 @@ class Simulator:
             if call.generated:  # preempted before: rebuild its KV first
                 inst.used_kv += call.kv_res
                 inst.true_base += call.l_in + call.generated
-                inst.recomputing += 1
                 redo = inst.latency.prefill_time(int(call.l_in + call.generated))
+                inst.recomputing[call.uid] = (self.now + redo, call)
                 self.events.push(self.now + redo, Phase.RECOMPUTE_DONE, call)
                 admitted = True  # its KV counts from now: the crossing instant moves
                 continue
@@ -779,6 +779,7 @@ class Simulator:
         dst.sched_ctx += call.l_in + 0.5 * call.l_out_pred
         dst.inbound[call.uid] = call
         call.decode_inst = d
+        call.moved = True  # one move per call: it cannot bounce between instances
         p = call.prefill_inst
         call.state = CallState.TRANSFER
         call.transfer_end = self.now + (self.tables.setup_list[p][d]
