@@ -1,6 +1,7 @@
-"""Env speed: ``step``/s with a random valid policy, next to CartPole-v1 in the same run.
+"""Env speed: ``step``/s with a random valid policy, next to CartPole-v1 in the same run, and
+the cost per simulated call of whole rollouts as the cluster and the episode grow.
 
-``scripts/bench.py`` prints both; the budget is ≥ 10k steps/s so SB3 PPO stays policy-bound.
+``scripts/bench.py`` prints both (never asserted: CI machines are noisy).
 """
 
 from __future__ import annotations
@@ -87,3 +88,44 @@ def bench_env(cluster: str = "hetero-1", trace: str = "bfcl_v3", num_workflows: 
         best = max(best, steps / (time.perf_counter() - t0))
     cart = max(bench_cartpole(steps, rng) for _ in range(repeat))
     return EnvBench(cluster, trace, num_workflows, env.k, steps, episodes, best, cart, decisions)
+
+
+SCALING_ROWS = (("hetero-1", 400), ("hetero-1-x2", 800), ("hetero-1-x4", 1600),
+                ("hetero-1-x8", 3200), ("hetero-1", 10_000))
+"""(cluster, workflows) of the scaling table: hetero-1's mix at 1x/2x/4x/8x the size with the
+workflows scaled alike (same load), then a 25x longer episode on the base cluster."""
+
+
+@dataclass(frozen=True)
+class ScalingRow:
+    """Wall time of ``env.rollout(policy)`` per simulated call on one (cluster, episode size)."""
+
+    cluster: str
+    instances: str  # "8P+8D"
+    num_workflows: int
+    num_calls: int
+    us_per_call_first: float  # first rollout of a fresh env: includes every standalone horizon
+    us_per_call: float  # second rollout: horizons cached (a training or evaluation loop)
+    ms_per_invocation: float  # the policy's planning time per scheduling invocation (second)
+    req99: float
+
+
+def bench_scaling(policy: str = "hexagent", trace: str = "bfcl_v3", load: float = 1.0,
+                  rows: tuple[tuple[str, int], ...] = SCALING_ROWS,
+                  seed: int = 0) -> list[ScalingRow]:
+    """Roll out ``policy`` twice per (cluster, workflows) row through the public API."""
+    out = []
+    for cluster, n in rows:
+        env = PDClusterEnv(cluster=cluster, trace=trace, num_workflows=n, load=load, seed=seed)
+        walls = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            result = env.rollout(policy)
+            walls.append(time.perf_counter() - t0)
+        calls = result.num_calls
+        spec = env.factory.cluster
+        out.append(ScalingRow(cluster, f"{len(spec.prefill)}P+{len(spec.decode)}D", n, calls,
+                              1e6 * walls[0] / calls, 1e6 * walls[1] / calls,
+                              1e3 * result.scheduler_seconds / max(result.invocations, 1),
+                              result.req99))
+    return out

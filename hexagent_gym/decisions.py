@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 
 _WINDOW_AT_ONCE = 16  # best_pair projects the whole window up to this size, else one row
+_SCALAR_DECODE_LIMIT = 16  # one-call prefill picks loop in Python up to this many decode instances
 
 
 class Stage(IntEnum):
@@ -150,7 +151,9 @@ class DecisionPoint:
             flat = int(np.argmin(row))
             p, d = divmod(flat, row.shape[1])
             return p, d, float(row.flat[flat])
-        if len(self.calls) == 1 and self._reduced is None:  # the common decision: scalar path
+        if len(self.calls) == 1 and self._reduced is None and (
+                self.stage == Stage.DECODE or self.num_decode <= _SCALAR_DECODE_LIMIT):
+            # the common decision, one call: scalar Python beats numpy's per-call overhead
             call = self.calls[0]
             if self.stage == Stage.PREFILL:
                 pair = self.state.best_prefill_pair_one(call, self._pf(call))

@@ -7,6 +7,7 @@ are no properties or validation layers on the hot path; invariants are asserted 
 from __future__ import annotations
 
 import heapq
+import math
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
@@ -164,7 +165,7 @@ def head_index(queue: list[Call]) -> int:
 class PrefillInstance:
     """Single-server prefill: one call at a time, a local queue ordered by ``Call.queue_key``."""
 
-    __slots__ = ("index", "gpu", "latency", "queue", "running", "busy_until", "queued_est",
+    __slots__ = ("index", "gpu", "latency", "queue", "running", "run_end", "queued_est",
                  "load_tokens")
 
     def __init__(self, index: int, gpu: str, latency: LatencyModel) -> None:
@@ -173,7 +174,7 @@ class PrefillInstance:
         self.latency = latency
         self.queue: list[Call] = []
         self.running: Call | None = None
-        self.busy_until = 0.0
+        self.run_end = -math.inf  # scheduler-visible end of the running prefill (-inf: idle)
         self.queued_est = 0.0  # scheduler-visible seconds of prefill work queued (not running)
         self.load_tokens = 0  # prompt tokens queued or running (the baselines' load signal)
 

@@ -266,6 +266,7 @@ class PlanState:
         self._releases: list[list[tuple[float, float]] | None] = [None] * tables.num_decode
         self._picked: list[list[tuple[float, float]]] = [[] for _ in range(tables.num_decode)]
         self._tau_cache: tuple[np.ndarray, np.ndarray] | None = None
+        self._start_memo: tuple[CallBatch, np.ndarray | float] | None = None
         self.free_decode = True  # waiting decode calls not yet served may move (project_decode)
         # prompt tokens queued or running on each prefill instance (speed-unaware load)
         self.pf_tokens = np.zeros(tables.num_prefill)
@@ -347,6 +348,7 @@ class PlanState:
         """Δ from KV arrival times ``arrive`` (n, X, D): the later of arrival and the earliest
         decode start, plus the decode time, from now; inf where d cannot hold the call."""
         start = self.decode_starts(batch.kv_pred)
+        self._start_memo = (batch, start)  # best_prefill_pair reuses it until the next commit
         if not isinstance(start, float):
             start = start[:, None, :]
         base, slope = self._tau
@@ -370,9 +372,13 @@ class PlanState:
         t = self.tables
         arrive = (self.free + batch.pf[i])[:, None] + (
             t.setup[:, cols] + batch.l_in[i] * t.s_per_token[:, cols])
-        start = self.decode_starts(batch.kv_pred[i:i + 1])
-        if not isinstance(start, float):
-            start = start[0, cols]
+        memo = self._start_memo
+        if memo is not None and memo[0] is batch:
+            start = memo[1] if isinstance(memo[1], float) else memo[1][i, cols]
+        else:
+            start = self.decode_starts(batch.kv_pred[i:i + 1])
+            if not isinstance(start, float):
+                start = start[0, cols]
         base, slope = self._tau
         dec = batch.weight[i] * (base[cols] + slope[cols] * batch.ctx[i])
         sub = np.maximum(arrive, start) + (dec - self.now)
@@ -556,6 +562,7 @@ class PlanState:
         new._picked = [list(p) for p in self._picked]
         tau = self._tau_cache
         new._tau_cache = None if tau is None else (tau[0].copy(), tau[1].copy())
+        new._start_memo = None
         new.free_decode = self.free_decode
         return new
 
@@ -564,6 +571,7 @@ class PlanState:
                pf: float | None = None) -> None:
         """Reserve the picked placement in Ŝ so later projections see it (``pf``: the prefill
         seconds the projection used on p; default the call's cache-aware ``pf_est[p]``)."""
+        self._start_memo = None
         if prefill_stage:
             self.free[p] += call.pf_est[p] if pf is None else pf
             self.pf_tokens[p] += call.l_in
@@ -692,9 +700,9 @@ def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
              decode: list[DecodeInstance], planned: list[Call], prefill_stage: bool) -> PlanState:
     """Build Ŝ at ``now`` for planning ``planned`` (those calls hold no reservation in Ŝ)."""
     exclude = {c.uid for c in planned}
-    work = [inst.queued_est for inst in prefill]
-    pf_tokens = [inst.load_tokens for inst in prefill]
-    tokens = np.array([float(x.committed_pred) for x in decode])
+    work = np.array([inst.queued_est for inst in prefill])
+    pf_tokens = np.array([inst.load_tokens for inst in prefill], dtype=np.float64)
+    tokens = np.array([x.committed_pred for x in decode], dtype=np.float64)
     count = np.array([x.committed_count for x in decode], dtype=np.int64)
     ctx = np.array([x.sched_ctx for x in decode])
     for c in planned:  # a call being (re-)planned gives up its current place in Ŝ
@@ -706,12 +714,9 @@ def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
             tokens[d] -= c.kv_pred
             count[d] -= 1
             ctx[d] -= c.l_in + 0.5 * c.l_out_pred
-    free = np.empty(tables.num_prefill)
-    for i, inst in enumerate(prefill):
-        run = inst.running
-        f = now if run is None else max(now, run.prefill_start + run.pf_run)
-        free[i] = f + max(work[i], 0.0)
+    run_end = np.array([inst.run_end for inst in prefill])
+    free = np.maximum(run_end, now) + np.maximum(work, 0.0)
     state = PlanState(tables, now, free, tokens, count, ctx, decode, exclude)
-    state.pf_tokens = np.array(pf_tokens, dtype=np.float64)
+    state.pf_tokens = pf_tokens
     return state
 

@@ -31,11 +31,16 @@ class PrefixCache:
     Args:
         capacity_tokens: KV tokens the cache may hold (``None``: unbounded).
         block_tokens: tokens per block.
+        holders: an index shared by the caches of a cluster, block id -> bit mask of the caches
+            holding it (see :func:`match_levels`); this cache keeps its bit current.
+        bit: this cache's bit in ``holders`` (its prefill instance's index).
     """
 
-    __slots__ = ("block_tokens", "capacity", "_lru", "_refs", "evictions", "inserted")
+    __slots__ = ("block_tokens", "capacity", "_lru", "_refs", "evictions", "inserted",
+                 "holders", "_bit")
 
-    def __init__(self, capacity_tokens: int | None, block_tokens: int) -> None:
+    def __init__(self, capacity_tokens: int | None, block_tokens: int,
+                 holders: dict[int, int] | None = None, bit: int = 0) -> None:
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         if capacity_tokens is not None and capacity_tokens < 0:
@@ -46,6 +51,8 @@ class PrefixCache:
         self._refs: dict[int, int] = {}  # locked block -> lock count
         self.evictions = 0
         self.inserted = 0
+        self.holders = holders
+        self._bit = 1 << bit
 
     def __len__(self) -> int:
         """Blocks cached now."""
@@ -95,6 +102,8 @@ class PrefixCache:
                     break
                 lru[b] = None
                 self.inserted += 1
+                if self.holders is not None:
+                    self.holders[b] = self.holders.get(b, 0) | self._bit
             refs[b] = refs.get(b, 0) + 1  # locked at once: a later eviction must not take it
             end += 1
         for i in range(end - 1, -1, -1):
@@ -122,9 +131,38 @@ class PrefixCache:
             if b not in refs:
                 del self._lru[b]
                 self.evictions += 1
+                if self.holders is not None:
+                    left = self.holders[b] & ~self._bit
+                    if left:
+                        self.holders[b] = left
+                    else:
+                        del self.holders[b]
                 return True
         return False
 
     def blocks(self) -> list[int]:
         """Cached block ids, least recently used first (for tests and inspection)."""
         return list(self._lru)
+
+
+def match_levels(holders: dict[int, int], blocks: Sequence[int]) -> list[tuple[int, int]]:
+    """Every cache's :meth:`PrefixCache.match` of ``blocks`` at once, from the shared index.
+
+    Returns ``(k, mask)`` pairs, k >= 1: the caches whose bits are in ``mask`` match exactly k
+    leading blocks (caches matching none are left out). Costs one lookup per matched block,
+    whatever the number of caches.
+    """
+    levels = []
+    alive = -1  # caches holding every block so far (all bits set)
+    k = 0
+    for b in blocks:
+        now = alive & holders.get(b, 0)
+        if now != alive and k:  # caches dropping out here matched exactly k blocks
+            levels.append((k, alive & ~now))
+        alive = now
+        if not alive:
+            return levels
+        k += 1
+    if k:
+        levels.append((k, alive))
+    return levels

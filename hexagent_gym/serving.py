@@ -34,7 +34,7 @@ def workload_block_tokens(workflows: Iterable[WorkflowSpec]) -> int:
 
 def build_caches(cluster: ClusterSpec, capacity_tokens: float | None,
                  block_tokens: int) -> list[PrefixCache]:
-    """One prefix cache per prefill instance.
+    """One prefix cache per prefill instance, sharing one block index (``PrefixCache.holders``).
 
     ``capacity_tokens``: None sizes each cache from its instance's KV memory; ``math.inf`` makes
     them unbounded; otherwise a number of tokens (>= 0) for every instance.
@@ -44,14 +44,15 @@ def build_caches(cluster: ClusterSpec, capacity_tokens: float | None,
         raise ValueError(f"prefix_cache_tokens must be >= 0, None (sized from memory) or "
                          f"math.inf (unbounded), got {capacity_tokens!r}")
     caches = []
-    for inst in cluster.prefill:
+    holders: dict[int, int] = {}  # block id -> bit mask of the instances caching it
+    for i, inst in enumerate(cluster.prefill):
         if capacity_tokens is None:
             cap: int | None = inst.kv_capacity_tokens
         elif math.isinf(capacity_tokens):
             cap = None
         else:
             cap = int(capacity_tokens)
-        caches.append(PrefixCache(cap, block_tokens))
+        caches.append(PrefixCache(cap, block_tokens, holders, i))
     return caches
 
 

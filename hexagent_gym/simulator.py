@@ -41,6 +41,7 @@ from hexagent_gym.horizon import HorizonCache
 from hexagent_gym.metrics import EpisodeResult, WorkflowRecord
 from hexagent_gym.planner import ClusterTables, earliest_pair, snapshot
 from hexagent_gym.predictors import predictor_from_config
+from hexagent_gym.prefix_cache import match_levels
 from hexagent_gym.serving import (
     build_caches,
     call_riders,
@@ -386,26 +387,26 @@ class Simulator:
         caches = self.caches
         if caches is None:
             return
-        blocks = call.spec.blocks
-        hits = None
-        for p, cache in enumerate(caches):
-            k = cache.match(blocks)
-            if k:
-                if hits is None:
-                    hits = [0] * len(caches)
-                hits[p] = k
-        if hits is None:
+        levels = match_levels(caches[0].holders, call.spec.blocks)
+        if not levels:
             call.cached = None
             call.pf_est = call.pf_cold
             return
         tables, block, l_in, err = self.tables, self.block_tokens, call.l_in, call.pf_err
         cls = tables.pf_class_list
+        hits = [0] * len(caches)
         est = list(call.pf_cold)
-        for p, k in enumerate(hits):
-            if k:
-                h = k * block
-                h = hits[p] = h if h < l_in else l_in
-                est[p] = tables.prefill_times_hit(l_in, h)[cls[p]] * err
+        for k, mask in levels:
+            h = k * block
+            if h > l_in:
+                h = l_in
+            per_class = tables.prefill_times_hit(l_in, h)
+            while mask:
+                low = mask & -mask
+                p = low.bit_length() - 1
+                mask ^= low
+                hits[p] = h
+                est[p] = per_class[cls[p]] * err
         call.cached = hits
         call.pf_est = est
 
@@ -413,6 +414,7 @@ class Simulator:
         inst = self.prefill[p]
         call = inst.running
         inst.running = None
+        inst.run_end = -math.inf
         inst.load_tokens -= call.l_in
         call.prefill_end = self.now
         call.state = CallState.TRANSFER
@@ -603,6 +605,7 @@ class Simulator:
                 hit = l_in
             duration = tables.prefill_times_hit(l_in, hit)[tables.pf_class_list[p]]
             call.pf_run = duration * call.pf_err
+        inst.run_end = now + call.pf_run
         call.hit = hit
         call.cached = None  # the scheduler's view of waiting calls only
         self.prompt_tokens += l_in
@@ -801,9 +804,8 @@ class Simulator:
         self._view(call)
         free = []
         for inst in self.prefill:
-            run = inst.running
-            f = now if run is None else max(now, run.prefill_start + run.pf_run)
-            free.append(f + max(inst.queued_est, 0.0))
+            end = inst.run_end
+            free.append((end if end > now else now) + max(inst.queued_est, 0.0))
         dec = self.decode
 
         def slow_start(d: int, need: float, over: int) -> float:

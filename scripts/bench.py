@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=3, help="best of N runs")
     parser.add_argument("--ci", action="store_true", help="also run the small-trace check")
+    parser.add_argument("--no-scaling", action="store_true",
+                        help="skip the scaling table (whole rollouts up to 64P+64D, ~1 min)")
     parser.add_argument("--update-baseline", action="store_true")
     parser.add_argument("--tolerance", type=float, default=0.02,
                         help="allowed relative rise of HexAgent's Req99 (default 0.02)")
@@ -70,7 +72,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"env steps/s (random valid actions, K={env.k}) on {args.cluster} / "
                   f"{args.trace}, {label}: {env.steps_per_s:.0f} ({env.us_per_step:.1f} "
                   f"us/step, {env.picks_per_decision:.2f} picks per decision point); "
-                  f"CartPole-v1 in the same run: {env.cartpole_steps_per_s:.0f}; budget 10000")
+                  f"CartPole-v1 in the same run: {env.cartpole_steps_per_s:.0f} "
+                  f"(ratio {env.steps_per_s / env.cartpole_steps_per_s:.2f})")
+        if not args.no_scaling:
+            from envs.benchmark import bench_scaling
+
+            rows = bench_scaling("hexagent", args.trace, args.policy_load, seed=args.seed)
+            print(f"\nscaling through env.rollout('hexagent') on {args.trace} at load "
+                  f"{args.policy_load} (us per simulated call; first rollout includes the "
+                  "standalone horizons):")
+            print(f"  {'cluster':<12} {'size':>9} {'workflows':>9} {'calls':>7} "
+                  f"{'first':>7} {'again':>7} {'ms/inv':>7} {'Req99':>6}")
+            for r in rows:
+                print(f"  {r.cluster:<12} {r.instances:>9} {r.num_workflows:>9} "
+                      f"{r.num_calls:>7} {r.us_per_call_first:>7.1f} {r.us_per_call:>7.1f} "
+                      f"{r.ms_per_invocation:>7.3f} {r.req99:>6.3f}")
 
     if not args.ci:
         return 0

@@ -15,7 +15,7 @@ from hexagent_gym.arrivals import EpisodeWorkload, sample_episode
 from hexagent_gym.cluster import load_cluster
 from hexagent_gym.decisions import earliest_finish_pick
 from hexagent_gym.policy import make_policy, run_policy
-from hexagent_gym.prefix_cache import PrefixCache
+from hexagent_gym.prefix_cache import PrefixCache, match_levels
 from hexagent_gym.simulator import Simulator
 from hexagent_gym.trace_formats import ideal_prefix_hit_rate
 from hexagent_gym.workload import load_trace
@@ -78,6 +78,35 @@ def test_cache_never_exceeds_capacity_and_matches_are_prefixes(ops, capacity):
     for b, h in live:
         cache.unlock(b, h)
     assert cache.locked() == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 4), min_size=1, max_size=5),
+                          st.booleans()), min_size=1, max_size=50), st.integers(0, 5))
+def test_the_shared_index_gives_every_caches_match(ops, capacity):
+    # four small caches (evictions happen) share one block index; after every operation the
+    # index's match levels must equal each cache's own match, for every prompt seen so far
+    holders: dict[int, int] = {}
+    caches = [PrefixCache(capacity * 16, 16, holders, i) for i in range(4)]
+    prompts, live = [], []
+    for which, raw, release in ops:
+        blocks = [hash(tuple(raw[:i + 1])) for i in range(len(raw))]
+        prompts.append(blocks)
+        cache = caches[which]
+        live.append((cache, blocks, cache.insert(blocks, cache.lock(blocks, -1))))
+        if release:
+            for c, b, h in live:
+                c.unlock(b, h)
+            live.clear()
+        for blocks in prompts:
+            got = [0] * 4
+            for k, mask in match_levels(holders, blocks):
+                for i in range(4):
+                    if mask >> i & 1:
+                        assert got[i] == 0  # each cache in at most one level
+                        got[i] = k
+            assert got == [c.match(blocks) for c in caches]
+    assert set(holders) == {b for c in caches for b in c.blocks()}
 
 
 # -- hits in the simulator ---------------------------------------------------------------------

@@ -194,3 +194,14 @@ def test_unmasked_model_error_is_raised_at_the_first_invalid_step():
     with pytest.raises(ValueError, match=r"Always chose invalid action 63 \(slot 15, prefill 1, "
                                          r"decode 1\) at step 0"):
         env.rollout(Always(), seed=0)
+
+
+def test_scaling_bench_reports_the_rollouts_it_timed():
+    from envs.benchmark import bench_scaling
+
+    (row,) = bench_scaling("hexagent", "mixed", 1.0, rows=(("tiny-2p2d", 6),))
+    ref = hexagent_gym.make(cluster="tiny-2p2d", trace="mixed", num_workflows=6, load=1.0).rollout(
+        "hexagent")
+    assert (row.cluster, row.instances, row.num_workflows) == ("tiny-2p2d", "2P+2D", 6)
+    assert row.num_calls == ref.num_calls and row.req99 == ref.req99
+    assert row.us_per_call_first > 0 and row.us_per_call > 0 and row.ms_per_invocation > 0
