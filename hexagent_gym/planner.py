@@ -179,8 +179,8 @@ class CallBatch:
     """Constant per-call arrays of a decision's window, built once and reused at every pick."""
 
     __slots__ = ("pf", "weight", "ctx", "kv_pred", "l_in", "too_big", "any_too_big",
-                 "prefill_inst", "decode_inst", "arrival", "h_est", "cached", "locked", "_xfer",
-                 "_xfer_cls", "_tables")
+                 "prefill_inst", "decode_inst", "arrival", "h_est", "locked", "_xfer",
+                 "_xfer_cls", "_tables", "_calls", "_cached")
 
     def __init__(self, tables: ClusterTables, calls: list[Call], cache_aware: bool = True) -> None:
         self._tables = tables
@@ -189,14 +189,11 @@ class CallBatch:
         err = np.array([c.dec_err for c in calls])
         # (n, P) estimated prefill seconds: with the cache hits each instance offers, or cold
         self.pf = np.array([c.pf_est if cache_aware else c.pf_cold for c in calls])
-        # (n, P) prompt tokens each prefill instance's cache holds for each call
         # at the decode stage a call is locked to its instance once that instance has served it
         # (a preempted call) or once it has moved; before that it is free to move
         self.locked = np.array([c.preempted > 0 or c.moved for c in calls], dtype=bool)
-        self.cached = np.zeros((len(calls), tables.num_prefill))
-        for i, c in enumerate(calls):
-            if c.cached is not None:
-                self.cached[i] = c.cached
+        self._calls = calls
+        self._cached = None
         self.weight = l_out * err  # decode seconds = weight · per-token step time
         self.ctx = l_in + 0.5 * (l_out - 1.0)  # mean own context over the call's decode
         self.kv_pred = l_in + l_out
@@ -208,6 +205,18 @@ class CallBatch:
         self.decode_inst = np.array([c.decode_inst for c in calls], dtype=np.int64)
         self.arrival = np.array([c.workflow.arrival for c in calls])  # workflow arrival a_w
         self.h_est = np.array([c.workflow.h_est for c in calls])  # running horizon H_w(t)
+
+    @property
+    def cached(self) -> np.ndarray:
+        """(n, P) prompt tokens each prefill instance's cache holds for each call (built on
+        first use)."""
+        if self._cached is None:
+            t = self._tables
+            self._cached = np.zeros((len(self._calls), t.num_prefill))
+            for i, c in enumerate(self._calls):
+                if c.cached is not None:
+                    self._cached[i] = c.cached
+        return self._cached
 
     @property
     def xfer(self) -> np.ndarray:
@@ -242,7 +251,8 @@ class CallBatch:
 class PlanState:
     """Ŝ: projected prefill free times and decode reservations, updated pick by pick.
 
-    Attributes (all scheduler-visible, updated by :meth:`commit`):
+    Attributes (all scheduler-visible, updated by :meth:`commit`; the arrays are read-only
+    views built on first use, the state itself lives in Python lists that scalar paths read):
         now: simulated time of the decision (s).
         free: (P,) time each prefill instance could start a newly placed call (s, absolute).
         pf_tokens: (P,) prompt tokens queued or running per prefill instance.
@@ -252,24 +262,52 @@ class PlanState:
         tables: the cluster's :class:`ClusterTables` (capacity, max_batch, transfer tables).
     """
 
-    def __init__(self, tables: ClusterTables, now: float, free: np.ndarray,
-                 dec_tokens: np.ndarray, dec_count: np.ndarray, dec_ctx: np.ndarray,
-                 decode: list[DecodeInstance], exclude: set[int]) -> None:
+    def __init__(self, tables: ClusterTables, now: float, free: list[float],
+                 dec_tokens: list[float], dec_count: list[int], dec_ctx: list[float],
+                 decode: list[DecodeInstance], exclude: set[int],
+                 pf_tokens: list[float] | None = None) -> None:
         self.tables = tables
         self.now = now
-        self.free = free
-        self.dec_tokens = dec_tokens
-        self.dec_count = dec_count
-        self.dec_ctx = dec_ctx
+        self.free_l = free
+        self.dec_tokens_l = dec_tokens
+        self.dec_count_l = dec_count
+        self.dec_ctx_l = dec_ctx
+        # prompt tokens queued or running on each prefill instance (speed-unaware load)
+        self.pf_tokens_l = pf_tokens if pf_tokens is not None else [0.0] * tables.num_prefill
+        self._arrays: dict[str, np.ndarray] = {}
         self._decode = decode
         self._exclude = exclude  # uids being planned: not counted as existing reservations
-        self._releases: list[list[tuple[float, float]] | None] = [None] * tables.num_decode
-        self._picked: list[list[tuple[float, float]]] = [[] for _ in range(tables.num_decode)]
+        self._releases: dict[int, list[tuple[float, float]]] = {}
+        self._picked: dict[int, list[tuple[float, float]]] = {}
         self._tau_cache: tuple[np.ndarray, np.ndarray] | None = None
         self._start_memo: tuple[CallBatch, np.ndarray | float] | None = None
         self.free_decode = True  # waiting decode calls not yet served may move (project_decode)
-        # prompt tokens queued or running on each prefill instance (speed-unaware load)
-        self.pf_tokens = np.zeros(tables.num_prefill)
+
+    def _array(self, name: str, dtype: type) -> np.ndarray:
+        arr = self._arrays.get(name)
+        if arr is None:
+            arr = self._arrays[name] = np.array(getattr(self, name + "_l"), dtype=dtype)
+        return arr
+
+    @property
+    def free(self) -> np.ndarray:
+        return self._array("free", np.float64)
+
+    @property
+    def pf_tokens(self) -> np.ndarray:
+        return self._array("pf_tokens", np.float64)
+
+    @property
+    def dec_tokens(self) -> np.ndarray:
+        return self._array("dec_tokens", np.float64)
+
+    @property
+    def dec_count(self) -> np.ndarray:
+        return self._array("dec_count", np.int64)
+
+    @property
+    def dec_ctx(self) -> np.ndarray:
+        return self._array("dec_ctx", np.float64)
 
     @property
     def _tau(self) -> tuple[np.ndarray, np.ndarray]:
@@ -325,9 +363,8 @@ class PlanState:
 
     def earliest_pair(self, call: Call) -> tuple[int, int, float]:
         """The fallback placement of a waiting call: see :func:`earliest_pair`."""
-        return earliest_pair(self.tables, self.now, self.free.tolist(), self.dec_tokens.tolist(),
-                             self.dec_count.tolist(), self.dec_ctx.tolist(), call,
-                             self.slow_start)
+        return earliest_pair(self.tables, self.now, self.free_l, self.dec_tokens_l,
+                             self.dec_count_l, self.dec_ctx_l, call, self.slow_start)
 
     def project_prefill(self, batch: CallBatch) -> np.ndarray:
         """Δ (n, P, D) for calls waiting for prefill; inf where d cannot hold the call."""
@@ -391,7 +428,7 @@ class PlanState:
         seconds the projection uses on each instance. Same floats, same tie-breaking."""
         t = self.tables
         now = self.now
-        free = self.free.tolist()
+        free = self.free_l
         ready = []  # per prefill class: its best member's free + prefill
         for members in t.pf_members:
             r = INF
@@ -445,7 +482,7 @@ class PlanState:
         raise AssertionError("the minimum is reached by some pair")
 
     def _decode_lists(self) -> tuple[list[float], list[int], list[float]]:
-        return self.dec_tokens.tolist(), self.dec_count.tolist(), self.dec_ctx.tolist()
+        return self.dec_tokens_l, self.dec_count_l, self.dec_ctx_l
 
     def best_decode_pair_one(self, call: Call) -> tuple[int, int, float]:
         """``np.argmin`` over :meth:`project_decode`'s row of a window of one call, and that Δ,
@@ -494,7 +531,7 @@ class PlanState:
         if batch.too_big[0, d]:
             return INF
         t = self.tables
-        arrive = (self.free[p] + batch.pf[0, p]) + (t.setup[p, d]
+        arrive = (self.free_l[p] + batch.pf[0, p]) + (t.setup[p, d]
                                                     + batch.l_in[0] * t.s_per_token[p, d])
         start = self.decode_starts(batch.kv_pred)
         if not isinstance(start, float):
@@ -551,15 +588,16 @@ class PlanState:
         new = PlanState.__new__(PlanState)
         new.tables = self.tables
         new.now = self.now
-        new.free = self.free.copy()
-        new.pf_tokens = self.pf_tokens.copy()
-        new.dec_tokens = self.dec_tokens.copy()
-        new.dec_count = self.dec_count.copy()
-        new.dec_ctx = self.dec_ctx.copy()
+        new.free_l = list(self.free_l)
+        new.pf_tokens_l = list(self.pf_tokens_l)
+        new.dec_tokens_l = list(self.dec_tokens_l)
+        new.dec_count_l = list(self.dec_count_l)
+        new.dec_ctx_l = list(self.dec_ctx_l)
+        new._arrays = {}
         new._decode = self._decode
         new._exclude = self._exclude
-        new._releases = [None if r is None else list(r) for r in self._releases]
-        new._picked = [list(p) for p in self._picked]
+        new._releases = {d: list(r) for d, r in self._releases.items()}
+        new._picked = {d: list(p) for d, p in self._picked.items()}
         tau = self._tau_cache
         new._tau_cache = None if tau is None else (tau[0].copy(), tau[1].copy())
         new._start_memo = None
@@ -572,29 +610,37 @@ class PlanState:
         """Reserve the picked placement in Ŝ so later projections see it (``pf``: the prefill
         seconds the projection used on p; default the call's cache-aware ``pf_est[p]``)."""
         self._start_memo = None
+        arrays = self._arrays
         if prefill_stage:
-            self.free[p] += call.pf_est[p] if pf is None else pf
-            self.pf_tokens[p] += call.l_in
-        self.dec_tokens[d] += call.kv_pred
-        self.dec_count[d] += 1
-        self.dec_ctx[d] += call.l_in + 0.5 * call.l_out_pred
+            self.free_l[p] += call.pf_est[p] if pf is None else pf
+            self.pf_tokens_l[p] += call.l_in
+            if "free" in arrays:
+                arrays["free"][p] = self.free_l[p]
+            if "pf_tokens" in arrays:
+                arrays["pf_tokens"][p] = self.pf_tokens_l[p]
+        self.dec_tokens_l[d] += call.kv_pred
+        self.dec_count_l[d] += 1
+        self.dec_ctx_l[d] += call.l_in + 0.5 * call.l_out_pred
+        for name in ("dec_tokens", "dec_count", "dec_ctx"):
+            if name in arrays:
+                arrays[name][d] = getattr(self, name + "_l")[d]
         item = (self.now + delta, float(call.kv_pred))
-        self._picked[d].append(item)
-        rel = self._releases[d]
+        self._picked.setdefault(d, []).append(item)
+        rel = self._releases.get(d)
         if rel is not None:
             bisect.insort(rel, item)
         # only d's step time changed: refresh its entry (same arithmetic as decode_tau)
         tau = self._tau_cache
         if tau is not None:
             t = self.tables
-            b = min(int(self.dec_count[d]) + 1, t.batch_top)
+            b = min(self.dec_count_l[d] + 1, t.batch_top)
             slope = t.dec_slope_list[d][b]
-            tau[0][d] = t.dec_base_list[d][b] + slope * self.dec_ctx[d]
+            tau[0][d] = t.dec_base_list[d][b] + slope * self.dec_ctx_l[d]
             tau[1][d] = slope
 
     def _release_list(self, d: int) -> list[tuple[float, float]]:
         """Projected (release time, tokens) of every reservation on d, sorted; built lazily."""
-        rel = self._releases[d]
+        rel = self._releases.get(d)
         if rel is not None:
             return rel
         inst = self._decode[d]
@@ -620,7 +666,7 @@ class PlanState:
         for c in inst.inbound.values():
             if c.uid not in self._exclude:
                 rel.append((max(c.proj_release, now), float(c.kv_pred)))
-        rel.extend(self._picked[d])
+        rel.extend(self._picked.get(d, ()))
         rel.sort()
         self._releases[d] = rel
         return rel
@@ -700,11 +746,11 @@ def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
              decode: list[DecodeInstance], planned: list[Call], prefill_stage: bool) -> PlanState:
     """Build Ŝ at ``now`` for planning ``planned`` (those calls hold no reservation in Ŝ)."""
     exclude = {c.uid for c in planned}
-    work = np.array([inst.queued_est for inst in prefill])
-    pf_tokens = np.array([inst.load_tokens for inst in prefill], dtype=np.float64)
-    tokens = np.array([x.committed_pred for x in decode], dtype=np.float64)
-    count = np.array([x.committed_count for x in decode], dtype=np.int64)
-    ctx = np.array([x.sched_ctx for x in decode])
+    work = [inst.queued_est for inst in prefill]
+    pf_tokens = [float(inst.load_tokens) for inst in prefill]
+    tokens = [float(x.committed_pred) for x in decode]
+    count = [x.committed_count for x in decode]
+    ctx = [x.sched_ctx for x in decode]
     for c in planned:  # a call being (re-)planned gives up its current place in Ŝ
         if c.decode_inst >= 0:
             if prefill_stage:
@@ -714,9 +760,8 @@ def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
             tokens[d] -= c.kv_pred
             count[d] -= 1
             ctx[d] -= c.l_in + 0.5 * c.l_out_pred
-    run_end = np.array([inst.run_end for inst in prefill])
-    free = np.maximum(run_end, now) + np.maximum(work, 0.0)
-    state = PlanState(tables, now, free, tokens, count, ctx, decode, exclude)
-    state.pf_tokens = pf_tokens
+    free = [(end if end > now else now) + (w if w > 0.0 else 0.0)
+            for end, w in zip([inst.run_end for inst in prefill], work, strict=True)]
+    state = PlanState(tables, now, free, tokens, count, ctx, decode, exclude, pf_tokens)
     return state
 
