@@ -27,7 +27,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from hexagent_gym.metrics import req
+from hexagent_gym.metrics import req, slo_ratio
 from hexagent_gym.policy import make_policy, run_policy
 
 
@@ -83,7 +83,7 @@ class ReferenceRelativeReward(gym.Wrapper):
         if len(finished) > self._done:
             a, ref = self.alpha, self._ref
             for w in finished[self._done:]:
-                r = (w.finish_t - w.arrival) / w.horizon
+                r = slo_ratio(w.arrival, w.finish_t, w.horizon)
                 reward -= max(0.0, r - a) - max(0.0, float(ref[w.uid]) - a)
             self._done = len(finished)
         if terminated:

@@ -1,20 +1,21 @@
 """Gymnasium environments over the hexagent_gym simulator core.
 
-Importing this package is light: the env module (and gymnasium) load on first attribute access,
-e.g. ``envs.PDClusterEnv`` or ``envs.make_env_fn``.
+Importing this package registers ``hexagent_gym/PDCluster-v0`` with gymnasium (Gymnasium's own
+mechanism: import the package that registers the id, or use ``"envs:hexagent_gym/PDCluster-v0"``);
+the env module itself loads on first attribute access, e.g. ``envs.PDClusterEnv``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-ENV_ID = "hexagent_gym/PDCluster-v0"
+from envs.registration import register_envs
+from hexagent_gym import ENV_ID
 
 _LAZY = {
     "PDClusterEnv": "envs.pd_cluster_env",
     "make_env_fn": "envs.pd_cluster_env",
     "RolloutResult": "envs.rollout",
-    "register_envs": "envs.registration",
 }
 
 
@@ -27,4 +28,6 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = ["ENV_ID", *_LAZY]
+register_envs()
+
+__all__ = ["ENV_ID", "register_envs", *_LAZY]

@@ -23,12 +23,12 @@ from envs.encoding import (
     MaskedDiscrete,
 )
 from envs.rewards import Reward, make_reward
+from envs.rollout import RolloutResult, rollout
 from hexagent_gym.config import ConfigError, suggest
 from hexagent_gym.episode import EPISODE_KEYS, EXPERIMENT_META_KEYS, EpisodeFactory, load_config
-from hexagent_gym.metrics import attainment, req
+from hexagent_gym.metrics import attainment, req, slo_ratio
 
 if TYPE_CHECKING:
-    from envs.rollout import RolloutResult
     from hexagent_gym.decisions import DecisionPoint
     from hexagent_gym.simulator import Simulator
 
@@ -103,9 +103,9 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
 
     A discrete-event simulator serves a stream of agentic workflows (DAGs of LLM calls revealed
     online) on a cluster of prefill and decode instances of different GPU types. Whenever calls
-    wait to be scheduled the simulator opens a *decision point* (DESIGN §3): at the prefill stage
-    the waiting calls need a (prefill, decode) pair and a queue rank; at the decode stage
-    transferred calls, locked to their decode instance, need a rank. The agent picks the calls
+    wait to be scheduled the simulator opens a *decision point* (docs/simulator.md): at the
+    prefill stage the waiting calls need a (prefill, decode) pair and a queue rank; at the decode
+    stage transferred calls, locked to their decode instance, need a rank. The agent picks the calls
     one at a time; the pick order is the rank. The window holds the ``K`` oldest waiting calls of
     the stage (the core's rule, identical with and without the env); calls beyond it wait FIFO.
     After each pick the planner's simulated state Ŝ and the projections Δ of the calls still
@@ -287,7 +287,7 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
             nxt = sim.run_until_decision()
             finished = sim.finished
             if len(finished) > self._n_finished:
-                ratios = [(w.finish_t - w.arrival) / w.horizon
+                ratios = [slo_ratio(w.arrival, w.finish_t, w.horizon)
                           for w in finished[self._n_finished:]]
                 self._n_finished = len(finished)
                 reward += self.reward_fn.completions(ratios)
@@ -359,8 +359,6 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         A model rollout resets this env and leaves it at the end of the episode; ``max_steps``
         does not truncate a rollout.
         """
-        from envs.rollout import rollout
-
         return rollout(self, policy, seed=seed, deterministic=deterministic)
 
     def _start(self, episode_seed: int) -> dict[str, np.ndarray]:
@@ -415,7 +413,7 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
 
     def _final_info(self) -> dict[str, Any]:
         sim = self._sim
-        ratios = np.array([(w.finish_t - w.arrival) / w.horizon for w in sim.finished])
+        ratios = np.array([slo_ratio(w.arrival, w.finish_t, w.horizon) for w in sim.finished])
         return {
             "req95": req(ratios, 0.95),
             "req99": req(ratios, 0.99),

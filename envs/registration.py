@@ -1,13 +1,13 @@
-"""Gymnasium registration of the env ids (``gymnasium.make("hexagent_gym/PDCluster-v0")``).
-
-``import hexagent_gym`` calls :func:`register_envs` as soon as gymnasium is (or gets) imported,
-without importing gymnasium itself: see ``hexagent_gym/__init__.py``. Gymnasium ≥ 1.0 no longer
-loads ``gymnasium.envs`` entry-point plugins, so there is no plugin entry.
+"""Registration of the env: with gymnasium (``gymnasium.make("hexagent_gym/PDCluster-v0")``
+after ``import envs``, or ``gymnasium.make("envs:hexagent_gym/PDCluster-v0")``, Gymnasium's
+module syntax) and with the core, as the factory behind ``hexagent_gym.make`` (the
+``hexagent_gym.plugins`` entry point declared in ``pyproject.toml``).
 """
 
 from __future__ import annotations
 
-from envs import ENV_ID
+from hexagent_gym import ENV_ID
+from hexagent_gym.policy import register_env
 
 ENTRY_POINT = "envs.pd_cluster_env:PDClusterEnv"
 
@@ -16,6 +16,11 @@ def register_envs() -> None:
     """Register every env id of this package with gymnasium (idempotent)."""
     import gymnasium
 
-    if ENV_ID in gymnasium.registry:
-        return
-    gymnasium.register(id=ENV_ID, entry_point=ENTRY_POINT)
+    if ENV_ID not in gymnasium.registry:
+        gymnasium.register(id=ENV_ID, entry_point=ENTRY_POINT)
+
+
+def register() -> None:
+    """The plug-in: the env factory for ``hexagent_gym.make``, and the gymnasium id."""
+    register_env(ENV_ID, ENTRY_POINT)
+    register_envs()

@@ -10,18 +10,14 @@ checks that stepping the env with the same picks gives identical ratios. Models 
 from __future__ import annotations
 
 import inspect
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from hexagent_gym.metrics import EpisodeResult
-from hexagent_gym.policy import make_policy, run_policy
-
-if TYPE_CHECKING:
-    from envs.pd_cluster_env import PDClusterEnv
+from hexagent_gym.policy import load_saved, make_policy, run_policy
 
 
 @dataclass
@@ -60,7 +56,7 @@ class RolloutResult:
         return out
 
 
-def rollout(env: PDClusterEnv, policy: Any, seed: int | None = None,
+def rollout(env: Any, policy: Any, seed: int | None = None,
             deterministic: bool = True) -> RolloutResult:
     """Run one episode of ``env``'s configuration with ``policy``; see :meth:`PDClusterEnv.rollout`.
 
@@ -73,7 +69,7 @@ def rollout(env: PDClusterEnv, policy: Any, seed: int | None = None,
     env = env.unwrapped
     seed = env.default_seed if seed is None else int(seed)
     if isinstance(policy, str | Path) and _is_model_path(policy):
-        policy = load_saved_model(policy)
+        policy = load_saved(policy)
     elif isinstance(policy, str):
         policy = make_policy(policy)
     if hasattr(policy, "pick"):
@@ -89,30 +85,7 @@ def _is_model_path(policy: str | Path) -> bool:
     return isinstance(policy, Path) or policy.endswith(".zip")
 
 
-def load_saved_model(path: str | Path) -> Any:
-    """Load a model saved by ``scripts/train.py`` (sb3-contrib MaskablePPO) for a rollout.
-
-    Its policy class is unpickled by reference (``agents.learned.EquivariantPolicy`` for the
-    equivariant models), so loading needs no ``custom_objects``.
-
-    Raises:
-        FileNotFoundError: nothing at ``path`` (with or without ``.zip``).
-        ValueError: the file is not a MaskablePPO model.
-    """
-    path = Path(path)
-    if not path.is_file() and not path.with_suffix(".zip").is_file():
-        raise FileNotFoundError(f"no saved model at {path}: pass a .zip written by "
-                                "scripts/train.py (--out) or model.save(), or a policy name")
-    from sb3_contrib import MaskablePPO  # only runs that load models pay for the import
-
-    try:
-        return MaskablePPO.load(path, device="cpu")
-    except (KeyError, ValueError, zipfile.BadZipFile) as exc:
-        raise ValueError(f"{path} is not a MaskablePPO model saved by stable-baselines3 "
-                         f"({type(exc).__name__}: {exc})") from exc
-
-
-def _run_heuristic(env: PDClusterEnv, policy: Any, seed: int) -> RolloutResult:
+def _run_heuristic(env: Any, policy: Any, seed: int) -> RolloutResult:
     episode_seed = env.episode_seed_for(seed)
     sim = env.factory.simulator(episode_seed)
     result = run_policy(sim, policy)
@@ -123,7 +96,7 @@ def _run_heuristic(env: PDClusterEnv, policy: Any, seed: int) -> RolloutResult:
     return RolloutResult(result, seed, episode_seed, float(total), result.decisions)
 
 
-def _run_model(env: PDClusterEnv, model: Any, seed: int, deterministic: bool) -> RolloutResult:
+def _run_model(env: Any, model: Any, seed: int, deterministic: bool) -> RolloutResult:
     try:
         maskable = "action_masks" in inspect.signature(model.predict).parameters
     except (TypeError, ValueError):

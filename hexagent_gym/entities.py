@@ -112,6 +112,13 @@ class Call:
                 f"in={self.l_in}, out={self.l_out})")
 
 
+    @property
+    def ctx_share(self) -> float:
+        """What this call adds to its decode instance's scheduled context Σ(L_in + L̂_out/2)
+        (the one place this sum's term is written: reservations, releases and Ŝ use it)."""
+        return self.l_in + 0.5 * self.l_out_pred
+
+
 class Workflow:
     """One workflow instance of the episode."""
 
@@ -178,6 +185,13 @@ class PrefillInstance:
         self.queued_est = 0.0  # scheduler-visible seconds of prefill work queued (not running)
         self.load_tokens = 0  # prompt tokens queued or running (the baselines' load signal)
 
+    def free_at(self, now: float, queued: float) -> float:
+        """When a newly placed call could start here (scheduler-visible): after the running
+        prefill's estimated end and ``queued`` seconds of queued work (the instance's own
+        ``queued_est``, or less when calls being re-planned give theirs up)."""
+        end = self.run_end
+        return (end if end > now else now) + (queued if queued > 0.0 else 0.0)
+
     def pop_next(self) -> Call:
         """Remove and return the queued call with the smallest key."""
         return self.queue.pop(head_index(self.queue))
@@ -230,6 +244,18 @@ class DecodeInstance:
         self.committed_count = 0
         self.sched_ctx = 0.0  # Σ (L_in + L_out_pred/2) over committed calls
         self.inbound: dict[int, Call] = {}  # placed here, not admitted yet (uid -> call)
+
+    def reserve(self, call: Call) -> None:
+        """Commit ``call``'s scheduler-visible demand to this instance (placement or a move)."""
+        self.committed_pred += call.kv_pred
+        self.committed_count += 1
+        self.sched_ctx += call.ctx_share
+
+    def release(self, call: Call) -> None:
+        """Return what :meth:`reserve` committed (finish, move away, re-placement)."""
+        self.committed_pred -= call.kv_pred
+        self.committed_count -= 1
+        self.sched_ctx -= call.ctx_share
 
     def advance(self, now: float) -> None:
         """Move the virtual token clock to ``now`` at the current rate."""

@@ -20,7 +20,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from hexagent_gym.planner import ClusterTables
+from hexagent_gym.arrivals import EpisodeWorkload
+from hexagent_gym.engine import Engine
+from hexagent_gym.entities import Call
+from hexagent_gym.planner import ClusterTables, earliest_pair
 
 if TYPE_CHECKING:
     from hexagent_gym.cluster import ClusterSpec
@@ -142,9 +145,6 @@ def _chain_time(tables: ClusterTables, spec: WorkflowSpec) -> float:
     additions on the absolute clock, the decode clock of an idle instance starting at 0), so it
     returns bit-for-bit what the event loop would; ``tests/core/test_horizon.py`` checks it.
     """
-    from hexagent_gym.entities import Call
-    from hexagent_gym.planner import earliest_pair
-
     P, D = tables.num_prefill, tables.num_decode
     zeros_f, zeros_i = [0.0] * D, [0] * D
     now = 0.0
@@ -174,13 +174,10 @@ def _simulated_time(cluster: ClusterSpec, spec: WorkflowSpec, tables: ClusterTab
     return _simulation(cluster, spec, tables, **serving).workflows[0].finish_t
 
 
-def _simulation(cluster: ClusterSpec, spec: WorkflowSpec, tables: ClusterTables, **serving):
-    """The finished standalone run of ``spec`` (a :class:`Simulator`)."""
-    from hexagent_gym.arrivals import EpisodeWorkload
-    from hexagent_gym.simulator import Simulator
-
+def _simulation(cluster: ClusterSpec, spec: WorkflowSpec, tables: ClusterTables,
+                **serving) -> Engine:
+    """The finished standalone run of ``spec`` (fallback placement, no horizons of its own)."""
     workload = EpisodeWorkload((spec,), np.zeros(1), np.zeros(1, dtype=np.int64))
-    sim = Simulator(cluster, workload, decisions=False, compute_horizons=False, tables=tables,
-                    **serving)
+    sim = Engine(cluster, workload, decisions=False, tables=tables, **serving)
     sim.run_until_decision()
     return sim

@@ -32,6 +32,12 @@ def attainment(ratios: np.ndarray, alpha: float | np.ndarray) -> float | np.ndar
     return float(frac) if np.ndim(alpha) == 0 else frac
 
 
+def slo_ratio(arrival: float, finish: float, horizon: float) -> float:
+    """A workflow's completion time relative to its standalone time, ``(C_w − a_w) / H_w``
+    (the SLO scale it needed; the one place the metric's ratio is written)."""
+    return (finish - arrival) / horizon
+
+
 @dataclass(slots=True)
 class WorkflowRecord:
     """Outcome of one workflow of an episode (times in simulated seconds)."""
@@ -45,7 +51,7 @@ class WorkflowRecord:
 
     @property
     def ratio(self) -> float:
-        return (self.finish - self.arrival) / self.horizon
+        return slo_ratio(self.arrival, self.finish, self.horizon)
 
 
 @dataclass(slots=True)

@@ -1,14 +1,19 @@
-"""The policy interface over decision points, and the registry of policies by name.
+"""The policy interface over decision points, and the registries that higher layers fill.
 
-A policy answers a :class:`~hexagent_gym.decisions.DecisionPoint` one pick at a time. Built-in
-policies live in the ``agents`` package; they are registered here by entry-point strings (as
-Gymnasium registers environments) so the core and the env can resolve names without importing
-the agents layer at import time.
+A policy answers a :class:`~hexagent_gym.decisions.DecisionPoint` one pick at a time. The core
+names no policy, saved-model format or env of its own: packages *plug in* through the
+``hexagent_gym.plugins`` entry-point group of their distribution (this project's ``agents`` and
+``envs`` declare theirs in ``pyproject.toml``), each entry a function that calls
+:func:`register_policy`, :func:`register_model_loader` or :func:`register_env`. Plugins load once,
+on the first lookup, so importing the core stays light; a third-party package adds policies the
+same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib.metadata import entry_points
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from hexagent_gym.registry import Registry
@@ -32,7 +37,31 @@ class Policy(Protocol):
         """Return (call slot, prefill instance, decode instance) for the next-ranked call."""
 
 
+PLUGIN_GROUP = "hexagent_gym.plugins"
 _POLICIES = Registry("policy")
+_LOADERS = Registry("saved-model format")
+_ENVS = Registry("env")
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Run every ``hexagent_gym.plugins`` entry point once (idempotent).
+
+    Raises:
+        RuntimeError: no plugin is installed: the package metadata is missing or stale (an
+            editable install made before the entry points existed); reinstall with
+            ``pip install -e .``.
+    """
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    found = list(entry_points(group=PLUGIN_GROUP))
+    if not found:
+        raise RuntimeError(f"no '{PLUGIN_GROUP}' entry points are installed, so no policy or env "
+                           "is registered: reinstall the package (pip install -e .)")
+    for ep in sorted(found, key=lambda e: e.name):
+        ep.load()()
 
 
 def register_policy(name: str, entry_point: str | Callable[..., Policy]) -> None:
@@ -46,6 +75,7 @@ def register_policy(name: str, entry_point: str | Callable[..., Policy]) -> None
 
 def policy_names() -> list[str]:
     """Registered policy names, sorted."""
+    load_plugins()
     return _POLICIES.names()
 
 
@@ -55,28 +85,38 @@ def make_policy(name: str, **kwargs: Any) -> Policy:
     Raises:
         ValueError: unknown name; the message lists the known ones and the closest match.
     """
+    load_plugins()
     return _POLICIES.factory(name)(**kwargs)
+
+
+def register_model_loader(suffix: str, loader: str | Callable[[Path], Any]) -> None:
+    """Register how saved models with file suffix ``suffix`` (e.g. ``".zip"``) are loaded."""
+    _LOADERS.register(suffix, loader)
+
+
+def load_saved(path: str | Path) -> Any:
+    """Load a saved model (an object with ``predict``) by its file suffix.
+
+    Raises:
+        ValueError: no loader for the suffix (the message lists the known ones).
+    """
+    load_plugins()
+    path = Path(path)
+    return _LOADERS.factory(path.suffix or ".zip")(path)
+
+
+def register_env(name: str, factory: str | Callable[..., Any]) -> None:
+    """Register the factory behind ``hexagent_gym.make`` (``name``: its env id)."""
+    _ENVS.register(name, factory)
+
+
+def make_env(name: str, *args: Any, **kwargs: Any) -> Any:
+    """Build a registered env (what ``hexagent_gym.make`` calls)."""
+    load_plugins()
+    return _ENVS.factory(name)(*args, **kwargs)
 
 
 def run_policy(sim: Simulator, policy: Policy) -> EpisodeResult:
     """Run one whole episode on the bare simulator with ``policy`` answering every decision."""
     policy.reset(sim)
     return sim.run(policy.pick, policy_name=policy.name)
-
-
-# Built-in policies (agents package), resolved lazily on first use.
-for _name, _entry in {
-    "hexagent": "agents.hexagent:HexAgentPolicy",
-    "hexagent-lookahead": "agents.lookahead:HexAgentLookahead",  # one-step lookahead teacher
-    "hexagent-nocache": "agents.hexagent:HexAgentNoCache",  # plans with no-cache prefill times
-    "hexagent-lb": "agents.ablation:HexAgentLoadBalanced",  # risk order, load-balanced placement
-    "fcfs": "agents.baselines:CallFCFS",
-    "wf-fcfs": "agents.baselines:WorkflowFCFS",
-    "llf": "agents.baselines:LeastLaxityFirst",
-    "atlas": "agents.baselines:Atlas",
-    "sglang-router": "agents.cache_aware:SGLangRouter",  # sgl-router cache_aware load balancer
-    "random": "agents.baselines:RandomPolicy",
-    "fallback": "agents.baselines:FallbackPolicy",
-    "learned": "agents.learned:LearnedPolicy",  # the shipped model (models/), docs/learned.md
-}.items():
-    register_policy(_name, _entry)

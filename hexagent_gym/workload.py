@@ -30,7 +30,7 @@ from hexagent_gym.prompts import (
 from hexagent_gym.specs import CallSpec, TraceError, WorkflowSpec, _fail, _where, json_lines
 
 # --------------------------------------------------------------------------------------------------
-# Loading and validating traces (JSONL schema: shared/traces/README.md)
+# Loading and validating traces (JSONL schema: docs/traces.md)
 # --------------------------------------------------------------------------------------------------
 
 TRACE_NAMES = ("sharegpt", "bfcl_v3", "lats", "mixed", "agent_sessions")

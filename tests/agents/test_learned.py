@@ -309,3 +309,88 @@ def test_temperature_calibration_keeps_argmax(small_env):
     assert 0.0 < scale < 1.0
     assert after["accuracy"] == before["accuracy"]
     assert abs(np.exp(-after["loss"]) - 0.6) < 0.01
+
+
+# -- the module split: agents.learned re-exports the network and the SB3 policy -----------------
+# a pickle (base64, as SB3 stores it in a zip's "data") of the class reference
+# agents.learned.EquivariantPolicy, which is what models saved before the split record
+PRE_SPLIT_POLICY_CLASS = "gAWVKAAAAAAAAACMDmFnZW50cy5sZWFybmVklIwRRXF1aXZhcmlhbnRQb2xpY3mUk5Qu"
+
+
+def test_learned_re_exports_the_network_and_the_policy_modules():
+    import agents.equivariant_net as net
+    import agents.equivariant_policy as pol
+    import agents.learned as learned
+
+    for module in (net, pol):
+        for name in module.__all__:
+            assert getattr(learned, name) is getattr(module, name), name
+    for name in ("_C", "_BIG", "_PRESENT", "_PICKED", "_AGE", "_WAIT", "_H_EST", "_MIN_DELTA",
+                 "_RISK", "_expand", "_mlp", "_masked_pool", "_masked_extreme"):
+        assert getattr(learned, name) is getattr(net, name), name
+    assert set(learned.__all__) >= set(net.__all__) | set(pol.__all__) | {
+        "DEFAULT_MODEL", "MODELS_DIR", "LearnedPolicy"}
+
+
+def test_split_modules_import_one_way():
+    """learned imports the policy and the network, the policy imports the network; never back
+    (imports anywhere in the file count, function-level too)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "agents"
+
+    def imported(name: str) -> set[str]:
+        tree = ast.parse((root / f"{name}.py").read_text())
+        out = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                out |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        return out
+
+    assert not imported("equivariant_net") & {"agents.learned", "agents.equivariant_policy"}
+    assert "agents.learned" not in imported("equivariant_policy")
+
+
+def test_a_model_saved_before_the_split_still_loads(tmp_path, small_env, small_model):
+    """A zip whose policy class is recorded as ``agents.learned.EquivariantPolicy`` loads into
+    the same class with the same logits."""
+    import json
+    import zipfile
+
+    from sb3_contrib import MaskablePPO
+
+    saved = tmp_path / "new.zip"
+    small_model.save(saved)
+    old = tmp_path / "old.zip"
+    with zipfile.ZipFile(saved) as src, zipfile.ZipFile(old, "w") as dst:
+        for item in src.infolist():
+            blob = src.read(item)
+            if item.filename == "data":
+                data = json.loads(blob)
+                data["policy_class"][":serialized:"] = PRE_SPLIT_POLICY_CLASS
+                blob = json.dumps(data, indent=4).encode()
+            dst.writestr(item, blob)
+    loaded = MaskablePPO.load(old, device="cpu")
+    assert type(loaded.policy) is EquivariantPolicy
+    obs, _ = busy_obs(small_env)
+    np.testing.assert_array_equal(logits_of(loaded.policy, obs),
+                                  logits_of(small_model.policy, obs))
+
+
+@pytest.mark.skipif(not DEFAULT_MODEL.is_file(), reason="shipped model not present")
+def test_every_shipped_model_loads_as_the_equivariant_policy():
+    import json
+    import pickle
+    import zipfile
+    from base64 import b64decode
+
+    from sb3_contrib import MaskablePPO
+
+    for path in sorted(DEFAULT_MODEL.parent.glob("*.zip")):
+        with zipfile.ZipFile(path) as zf:
+            recorded = json.loads(zf.read("data"))["policy_class"][":serialized:"]
+        assert pickle.loads(b64decode(recorded)) is EquivariantPolicy, path.name
+        assert type(MaskablePPO.load(path, device="cpu").policy) is EquivariantPolicy, path.name

@@ -1,4 +1,5 @@
-"""The simulator core loads no RL library (DESIGN §1): checked in a fresh interpreter."""
+"""The simulator core loads no RL library (docs/architecture.md, layers): checked in a fresh
+interpreter."""
 
 from __future__ import annotations
 

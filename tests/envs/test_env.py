@@ -428,19 +428,16 @@ def test_sb3_check_env_passes():
         assert "image" in msg or "unconventional shape" in msg, msg
 
 
-def test_registration_orders_and_module_syntax():
+def test_registration_through_gymnasiums_own_mechanisms():
     code = {
-        "gymnasium first": "import gymnasium as gym, hexagent_gym\n"
-                           "env = gym.make('hexagent_gym/PDCluster-v0', cluster='tiny-2p2d', "
-                           "num_workflows=4)\n",
-        "hexagent_gym first": "import sys, hexagent_gym\nassert 'gymnasium' not in sys.modules\n"
-                              "import gymnasium as gym\n"
-                              "env = gym.make('hexagent_gym/PDCluster-v0', cluster='tiny-2p2d', "
-                              "num_workflows=4)\n",
+        "import the registering package": "import gymnasium as gym, envs\n"
+                                          "env = gym.make('hexagent_gym/PDCluster-v0', "
+                                          "cluster='tiny-2p2d', num_workflows=4)\n",
         "module syntax": "import gymnasium as gym\n"
-                         "env = gym.make('hexagent_gym:hexagent_gym/PDCluster-v0', "
+                         "env = gym.make('envs:hexagent_gym/PDCluster-v0', "
                          "cluster='tiny-2p2d', num_workflows=4)\n",
         "hexagent_gym.make": "import sys, hexagent_gym\n"
+                             "assert 'gymnasium' not in sys.modules\n"
                              "env = hexagent_gym.make(cluster='tiny-2p2d', num_workflows=4)\n"
                              "import gymnasium as gym\n"
                              "assert 'hexagent_gym/PDCluster-v0' in gym.registry\n",
@@ -454,15 +451,26 @@ def test_registration_orders_and_module_syntax():
         assert out.stdout.strip() == "PDClusterEnv", label
 
 
-def test_importing_envs_is_light_and_exports_lazily():
-    code = ("import sys, envs\n"
-            "assert 'gymnasium' not in sys.modules, 'import envs loaded gymnasium'\n"
-            "assert envs.ENV_ID == 'hexagent_gym/PDCluster-v0'\n"
+def test_the_core_alone_registers_nothing_and_loads_no_gymnasium():
+    code = ("import sys, hexagent_gym\n"
+            "assert 'gymnasium' not in sys.modules and 'envs' not in sys.modules\n"
+            "import gymnasium as gym\n"
+            "print(hexagent_gym.ENV_ID in gym.registry)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_importing_envs_registers_the_id_and_exports_lazily():
+    code = ("import sys, envs, gymnasium as gym\n"
+            "assert envs.ENV_ID == 'hexagent_gym/PDCluster-v0' and envs.ENV_ID in gym.registry\n"
+            "assert 'envs.pd_cluster_env' not in sys.modules, 'the env module loaded eagerly'\n"
             "from envs import make_env_fn, PDClusterEnv, RolloutResult\n"
             "env = make_env_fn(cluster='tiny-2p2d', num_workflows=4)()\n"
             "assert isinstance(env, PDClusterEnv)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
 
 
 def test_gymnasium_make_passes_config_and_applies_its_checkers():

@@ -1,0 +1,86 @@
+"""The constant per-call arrays of a decision's window (:class:`CallBatch`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hexagent_gym.cluster_tables import mean_own_context
+
+if TYPE_CHECKING:
+    from hexagent_gym.cluster_tables import ClusterTables
+    from hexagent_gym.entities import Call
+
+
+class CallBatch:
+    """Constant per-call arrays of a decision's window, built once and reused at every pick."""
+
+    __slots__ = ("pf", "weight", "ctx", "kv_pred", "l_in", "too_big", "any_too_big",
+                 "prefill_inst", "decode_inst", "arrival", "h_est", "locked", "_xfer",
+                 "_xfer_cls", "_tables", "_calls", "_cached")
+
+    def __init__(self, tables: ClusterTables, calls: list[Call], cache_aware: bool = True) -> None:
+        self._tables = tables
+        self.l_in = l_in = np.array([c.l_in for c in calls], dtype=np.float64)
+        l_out = np.array([c.l_out_pred for c in calls], dtype=np.float64)
+        err = np.array([c.dec_err for c in calls])
+        # (n, P) estimated prefill seconds: with the cache hits each instance offers, or cold
+        self.pf = np.array([c.pf_est if cache_aware else c.pf_cold for c in calls])
+        # at the decode stage a call is locked to its instance once that instance has served it
+        # (a preempted call) or once it has moved; before that it is free to move
+        self.locked = np.array([c.preempted > 0 or c.moved for c in calls], dtype=bool)
+        self._calls = calls
+        self._cached = None
+        self.weight = l_out * err  # decode seconds = weight · per-token step time
+        self.ctx = mean_own_context(l_in, l_out)
+        self.kv_pred = l_in + l_out
+        self._xfer = self._xfer_cls = None
+        kv_true = np.array([c.kv_true for c in calls], dtype=np.float64)
+        self.too_big = kv_true[:, None] > tables.capacity[None, :]  # (n, D) never fits
+        self.any_too_big = bool(self.too_big.any())
+        self.prefill_inst = np.array([c.prefill_inst for c in calls], dtype=np.int64)
+        self.decode_inst = np.array([c.decode_inst for c in calls], dtype=np.int64)
+        self.arrival = np.array([c.workflow.arrival for c in calls])  # workflow arrival a_w
+        self.h_est = np.array([c.workflow.h_est for c in calls])  # running horizon H_w(t)
+
+    @property
+    def cached(self) -> np.ndarray:
+        """(n, P) prompt tokens each prefill instance's cache holds for each call (built on
+        first use)."""
+        if self._cached is None:
+            t = self._tables
+            self._cached = np.zeros((len(self._calls), t.num_prefill))
+            for i, c in enumerate(self._calls):
+                if c.cached is not None:
+                    self._cached[i] = c.cached
+        return self._cached
+
+    @property
+    def xfer(self) -> np.ndarray:
+        """(n, P, D) KV-transfer seconds of each call on each pair (built on first use)."""
+        if self._xfer is None:
+            t = self._tables
+            self._xfer = t.setup + self.l_in[:, None, None] * t.s_per_token
+        return self._xfer
+
+    @property
+    def xfer_cls(self) -> np.ndarray:
+        """(n, K, D) KV-transfer seconds per prefill class (the same values as :attr:`xfer` on
+        any member of the class)."""
+        if self._xfer_cls is None:
+            t = self._tables
+            self._xfer_cls = t.setup_cls + self.l_in[:, None, None] * t.spt_cls
+        return self._xfer_cls
+
+    def row(self, i: int) -> CallBatch:
+        """A one-call batch viewing row ``i`` (no copies)."""
+        out = CallBatch.__new__(CallBatch)
+        for name in CallBatch.__slots__:
+            value = getattr(self, name)
+            if name in ("any_too_big", "_tables") or value is None:
+                setattr(out, name, value)
+            else:
+                setattr(out, name, value[i:i + 1])
+        out.any_too_big = bool(out.too_big.any())
+        return out

@@ -1,0 +1,169 @@
+"""Per-cluster constants of the hot path: prefill and transfer times by prompt length, decode
+step-time tables by batch size, instance classes (docs/architecture.md).
+
+Instances of one *class* (one latency model: GPU × TP) share speeds and network rows, so much
+per-call work runs per class instead of per instance.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from hexagent_gym.cluster import ClusterSpec
+
+INF = float("inf")
+
+
+def mean_own_context(l_in, l_out):
+    """A call's own mean context over its decode, ``L_in + (L̂_out − 1)/2`` tokens (scalars or
+    arrays; the one place this term of the projections is written)."""
+    return l_in + 0.5 * (l_out - 1.0)
+
+
+_SLOPE_SPAN = 8192.0  # context tokens over which the per-token slope of step time is measured
+
+
+class ClusterTables:
+    """Per-cluster constants for the hot path, shared by every episode on that cluster."""
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.cluster = cluster
+        self.num_prefill = len(cluster.prefill)
+        self.num_decode = len(cluster.decode)
+        self.setup = np.asarray(cluster.transfer_setup_s, dtype=np.float64)
+        self.s_per_token = np.asarray(cluster.transfer_s_per_token, dtype=np.float64)
+        self.setup_list = self.setup.tolist()
+        self.spt_list = self.s_per_token.tolist()
+        self.capacity = np.array([d.kv_capacity_tokens for d in cluster.decode], dtype=np.float64)
+        self.max_batch = np.array([d.max_batch_size for d in cluster.decode], dtype=np.int64)
+        # Distinct latency models ("classes") so per-call work is per class, not per instance.
+        self.pf_models, self.pf_class = _classes([p.latency for p in cluster.prefill])
+        self.dec_models, self.dec_class = _classes([d.latency for d in cluster.decode])
+        self._pf_cache: dict[int, tuple[list[float], list[float]]] = {}
+        self._pf_hit_cache: dict[tuple[int, int], list[float]] = {}
+        self.pf_class_list = self.pf_class.tolist()
+        self._pool_cache: dict[tuple[int, int], float] = {}
+        # prefill instances of one class share speed and network rows: the placement rule only
+        # needs the least-loaded member of each class
+        self.pf_members = [[p for p, k in enumerate(self.pf_class.tolist()) if k == c]
+                           for c in range(len(self.pf_models))]
+        self.pf_rep = [m[0] for m in self.pf_members]
+        # class-contiguous order of prefill instances, for one reduceat over each class
+        self.pf_perm = np.array([p for m in self.pf_members for p in m], dtype=np.int64)
+        self.pf_starts = np.cumsum([0] + [len(m) for m in self.pf_members[:-1]])
+        self.setup_cls = self.setup[self.pf_rep]  # (K, D): a class's members share these rows
+        self.spt_cls = self.s_per_token[self.pf_rep]
+        self._class_sizes = [len(m) for m in self.pf_members]
+        self._xcol_cache: dict[int, list[list[float]]] = {}
+        self._xrow_cache: dict[int, list[list[float]]] = {}
+        width = int(self.max_batch.max()) + 2
+        base = np.zeros((len(self.dec_models), width))
+        slope = np.zeros((len(self.dec_models), width))
+        for k, lm in enumerate(self.dec_models):
+            for b in range(1, width):
+                t0 = lm.decode_step_time(b, 0)
+                base[k, b] = t0
+                slope[k, b] = (lm.decode_step_time(b, _SLOPE_SPAN * b) - t0) / (_SLOPE_SPAN * b)
+        self.dec_base = base[self.dec_class]  # (D, width): step time of a batch of b, no context
+        self.dec_slope = slope[self.dec_class]  # (D, width): seconds per context token
+        self.dec_base_list = self.dec_base.tolist()
+        self.dec_slope_list = self.dec_slope.tolist()
+        self.batch_top = width - 1  # decode tables are clamped at this batch size
+        self.dec_static = list(zip(self.capacity.tolist(), self.max_batch.tolist(),
+                                   self.dec_base_list, self.dec_slope_list, strict=True))
+        self._d_range = np.arange(self.num_decode)
+        # one representative per class pair for standalone estimates: (p, setup row, s/token row)
+        dec_rep = [self.dec_class.tolist().index(k) for k in range(len(self.dec_models))]
+        self._alone_dec = [(float(base[k, 1]), float(slope[k, 1])) for k in range(len(dec_rep))]
+        self._alone_pairs = [(p, self.setup[p, dec_rep].tolist(),
+                              self.s_per_token[p, dec_rep].tolist()) for p in self.pf_rep]
+
+    def prefill_times(self, input_tokens: int) -> tuple[list[float], list[float]]:
+        """True prefill seconds of a prompt per prefill instance and per prefill class, cached."""
+        hit = self._pf_cache.get(input_tokens)
+        if hit is None:
+            per_class = [lm.prefill_time(input_tokens) for lm in self.pf_models]
+            hit = ([per_class[k] for k in self.pf_class.tolist()], per_class)
+            self._pf_cache[input_tokens] = hit
+        return hit
+
+    def prefill_times_hit(self, input_tokens: int, cached: int) -> list[float]:
+        """True prefill seconds per prefill *class* when ``cached`` prompt tokens hit, cached."""
+        if cached <= 0:
+            return self.prefill_times(input_tokens)[1]
+        key = (input_tokens, cached)
+        hit = self._pf_hit_cache.get(key)
+        if hit is None:
+            hit = [lm.prefill_time(input_tokens, cached) for lm in self.pf_models]
+            self._pf_hit_cache[key] = hit
+        return hit
+
+    def pool_seconds(self, input_tokens: int, cached: int) -> float:
+        """Prefill-pool seconds of one prompt with ``cached`` tokens hit: its prefill with every
+        instance working on it in parallel at its own speed (``hexagent_gym.load``), cached."""
+        key = (input_tokens, cached)
+        hit = self._pool_cache.get(key)
+        if hit is None:
+            per_class = self.prefill_times_hit(input_tokens, cached)
+            hit = 1.0 / sum(n / t for n, t in zip(self._class_sizes, per_class, strict=True))
+            self._pool_cache[key] = hit
+        return hit
+
+    def transfer_cols(self, input_tokens: int) -> list[list[float]]:
+        """KV-transfer seconds per (decode instance, prefill class) of a prompt, cached."""
+        hit = self._xcol_cache.get(input_tokens)
+        if hit is None:
+            hit = [[self.setup_list[p][d] + input_tokens * self.spt_list[p][d]
+                    for p in self.pf_rep] for d in range(self.num_decode)]
+            self._xcol_cache[input_tokens] = hit
+        return hit
+
+    def transfer_rows(self, input_tokens: int) -> list[list[float]]:
+        """KV-transfer seconds per (decode instance, prefill instance) of a prompt (uncached:
+        used only for calls with cache hits)."""
+        hit = self._xrow_cache.get(input_tokens)
+        if hit is None:
+            hit = [[self.setup_list[p][d] + input_tokens * self.spt_list[p][d]
+                    for p in range(self.num_prefill)] for d in range(self.num_decode)]
+            self._xrow_cache[input_tokens] = hit
+        return hit
+
+    def decode_tau(self, count: np.ndarray, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per-token step time (base, per-context-token slope) of each decode instance when one
+        more call joins ``count`` committed calls holding ``ctx`` context tokens."""
+        b = np.minimum(count + 1, self.dec_base.shape[1] - 1)
+        slope = self.dec_slope[self._d_range, b]
+        return self.dec_base[self._d_range, b] + slope * ctx, slope
+
+    def standalone_estimate(self, pf_est: list[float], l_in: int, l_out: float,
+                            dec_err: float) -> float:
+        """A call's duration alone on the empty cluster at its best pair (scheduler-visible).
+
+        Instances of one class share every term, so the minimum runs over class pairs."""
+        ctx = mean_own_context(l_in, l_out)
+        dec = [l_out * (b + s * ctx) * dec_err for b, s in self._alone_dec]
+        best = INF
+        for p, setup, spt in self._alone_pairs:
+            pf = pf_est[p]
+            for j, x in enumerate(dec):
+                v = pf + setup[j] + l_in * spt[j] + x
+                if v < best:
+                    best = v
+        return best
+
+
+def _classes(models: list) -> tuple[list, np.ndarray]:
+    distinct: list = []
+    index = []
+    for m in models:
+        for k, known in enumerate(distinct):
+            if known is m:
+                index.append(k)
+                break
+        else:
+            index.append(len(distinct))
+            distinct.append(m)
+    return distinct, np.array(index, dtype=np.int64)

@@ -1,0 +1,82 @@
+"""The core's placement rule: the pair with the earliest projected finish (scalar Python)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from hexagent_gym.cluster_tables import INF, mean_own_context
+
+if TYPE_CHECKING:
+    from hexagent_gym.cluster_tables import ClusterTables
+    from hexagent_gym.entities import Call
+
+
+def earliest_pair(tables: ClusterTables, now: float, free: list[float], tokens: list[float],
+                  count: list[int], ctx: list[float], call: Call,
+                  slow_start: Callable[[int, float, int], float]) -> tuple[int, int, float]:
+    """The core's placement rule: the pair with the earliest projected finish Δ.
+
+    Ties go to the lowest decode index, and within a decode instance to the prefill instance
+    whose KV arrives first (then the lowest index). The arithmetic mirrors
+    :meth:`PlanState.project_prefill` operation for operation, so the chosen pair's Δ equals that
+    tensor's entry exactly. Scalar Python over classes and decode instances: at this size it
+    beats numpy's per-call overhead several times.
+
+    Returns:
+        (p, d, Δ) with Δ in seconds from ``now``.
+    """
+    if call.cached is None:
+        # least-loaded member of each prefill class (lowest index on ties): (free + prefill, p)
+        cands = []
+        pf = call.pf_cls
+        for k, members in enumerate(tables.pf_members):
+            bp = members[0]
+            bf = free[bp]
+            for p in members[1:]:
+                if free[p] < bf:
+                    bp, bf = p, free[p]
+            cands.append((bf + pf[k], bp))
+        xcols = tables.transfer_cols(call.l_in)
+    else:
+        # a cache hit makes instances of one class differ: every instance with a hit is a
+        # candidate, plus the least-loaded member without one of each class
+        pf = call.pf_est
+        cached = call.cached
+        cands = []
+        for members in tables.pf_members:
+            bp, bf = -1, INF
+            for p in members:
+                if cached[p]:
+                    cands.append((free[p] + pf[p], p))
+                elif free[p] < bf:
+                    bp, bf = p, free[p]
+            if bp >= 0:
+                cands.append((bf + pf[bp], bp))
+        rows = tables.transfer_rows(call.l_in)
+        xcols = [[row[p] for _, p in cands] for row in rows]
+    top = tables.batch_top
+    l_out = call.l_out_pred
+    weight = l_out * call.dec_err
+    own_ctx = mean_own_context(call.l_in, l_out)
+    kv_pred, kv_true = call.kv_pred, call.kv_true
+    best, best_d, best_p = INF, -1, -1
+    for d, (cap, max_batch, base_row, slope_row) in enumerate(tables.dec_static):
+        if kv_true > cap:
+            continue
+        n = count[d]
+        b = n + 1 if n < top else top
+        slope = slope_row[b]
+        tau = base_row[b] + slope * ctx[d]
+        dec = weight * (tau + slope * own_ctx)
+        need = (kv_pred if kv_pred < cap else cap) - (cap - tokens[d])
+        start = now if need <= 0.0 and n < max_batch else slow_start(d, need, n - max_batch + 1)
+        a, ap = INF, -1
+        for (val, p), x in zip(cands, xcols[d], strict=True):
+            x = val + x  # KV arrival on d; earliest wins, lowest prefill index on ties
+            if x < a or (x == a and p < ap):
+                a, ap = x, p
+        fin = (a if a > start else start) + (dec - now)
+        if fin < best:
+            best, best_d, best_p = fin, d, ap
+    return best_p, best_d, best

@@ -1,0 +1,250 @@
+"""Ŝ, the planner's simulated state: projected prefill free times and decode reservations,
+updated pick by pick (:class:`PlanState`), and its construction from the live cluster
+(:func:`snapshot`). Everything here is scheduler-visible (docs/simulator.md)."""
+
+from __future__ import annotations
+
+import bisect
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hexagent_gym.cluster_tables import INF
+from hexagent_gym.placement import earliest_pair
+from hexagent_gym.projections import Projections
+
+if TYPE_CHECKING:
+    from hexagent_gym.call_batch import CallBatch
+    from hexagent_gym.cluster_tables import ClusterTables
+    from hexagent_gym.entities import Call, DecodeInstance, PrefillInstance
+
+
+class PlanState(Projections):
+    """Ŝ: projected prefill free times and decode reservations, updated pick by pick.
+
+    Attributes (all scheduler-visible, updated by :meth:`commit`; the arrays are read-only
+    views built on first use, the state itself lives in Python lists that scalar paths read):
+        now: simulated time of the decision (s).
+        free: (P,) time each prefill instance could start a newly placed call (s, absolute).
+        pf_tokens: (P,) prompt tokens queued or running per prefill instance.
+        dec_tokens: (D,) predicted KV tokens committed per decode instance.
+        dec_count: (D,) calls committed per decode instance (running, waiting or inbound).
+        dec_ctx: (D,) Σ (L_in + L_out_pred/2) over those calls.
+        tables: the cluster's :class:`ClusterTables` (capacity, max_batch, transfer tables).
+    """
+
+    def __init__(self, tables: ClusterTables, now: float, free: list[float],
+                 dec_tokens: list[float], dec_count: list[int], dec_ctx: list[float],
+                 decode: list[DecodeInstance], exclude: set[int],
+                 pf_tokens: list[float] | None = None) -> None:
+        self.tables = tables
+        self.now = now
+        self.free_l = free
+        self.dec_tokens_l = dec_tokens
+        self.dec_count_l = dec_count
+        self.dec_ctx_l = dec_ctx
+        # prompt tokens queued or running on each prefill instance (speed-unaware load)
+        self.pf_tokens_l = pf_tokens if pf_tokens is not None else [0.0] * tables.num_prefill
+        self._arrays: dict[str, np.ndarray] = {}
+        self._decode = decode
+        self._exclude = exclude  # uids being planned: not counted as existing reservations
+        self._releases: dict[int, list[tuple[float, float]]] = {}
+        self._picked: dict[int, list[tuple[float, float]]] = {}
+        self._tau_cache: tuple[np.ndarray, np.ndarray] | None = None
+        self._start_memo: tuple[CallBatch, np.ndarray | float] | None = None
+        self.free_decode = True  # waiting decode calls not yet served may move (project_decode)
+
+    def _array(self, name: str, dtype: type) -> np.ndarray:
+        arr = self._arrays.get(name)
+        if arr is None:
+            arr = self._arrays[name] = np.array(getattr(self, name + "_l"), dtype=dtype)
+        return arr
+
+    @property
+    def free(self) -> np.ndarray:
+        return self._array("free", np.float64)
+
+    @property
+    def pf_tokens(self) -> np.ndarray:
+        return self._array("pf_tokens", np.float64)
+
+    @property
+    def dec_tokens(self) -> np.ndarray:
+        return self._array("dec_tokens", np.float64)
+
+    @property
+    def dec_count(self) -> np.ndarray:
+        return self._array("dec_count", np.int64)
+
+    @property
+    def dec_ctx(self) -> np.ndarray:
+        return self._array("dec_ctx", np.float64)
+
+    @property
+    def _tau(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-token step time (base, slope) of each decode instance with one more call
+        (:meth:`ClusterTables.decode_tau`), built on first use and kept current by commits."""
+        if self._tau_cache is None:
+            self._tau_cache = self.tables.decode_tau(self.dec_count, self.dec_ctx)
+        return self._tau_cache
+
+    # -- projections ---------------------------------------------------------------------------
+    def decode_starts(self, kv: np.ndarray) -> np.ndarray | float:
+        """Earliest admission time (n, D) on every decode instance for predicted demands ``kv``.
+
+        Returns the scalar ``now`` when no decode limit binds for any of the calls (the common
+        case), which broadcasts like the full array.
+        """
+        t = self.tables
+        over = self.dec_count - t.max_batch + 1
+        slack = t.capacity - self.dec_tokens
+        binding = (np.minimum(kv.max(), t.capacity) > slack) | (over > 0)
+        if not binding.any():
+            return self.now
+        need = np.minimum(kv[:, None], t.capacity) - slack
+        start = np.full(need.shape, self.now)
+        for d in np.flatnonzero(binding).tolist():
+            rel = self._release_list(d)
+            times = np.array([r[0] for r in rel] + [INF])
+            cum = np.cumsum([r[1] for r in rel] + [0.0])
+            col = need[:, d]
+            at = times[np.minimum(np.searchsorted(cum, col, side="left"), len(rel))]
+            col_start = np.where(col <= 0.0, self.now, at)
+            if over[d] > 0:
+                col_start = np.maximum(col_start, times[min(int(over[d]) - 1, len(rel))])
+            start[:, d] = np.maximum(col_start, self.now)
+        return start
+
+    def slow_start(self, d: int, need: float, over: int) -> float:
+        """Scalar ``decode_starts`` for one call on a decode instance whose limits bind."""
+        rel = self._release_list(d)
+        start = self.now
+        if need > 0.0:
+            acc = 0.0
+            t_kv = INF
+            for when, tokens in rel:
+                acc += tokens
+                if acc >= need:
+                    t_kv = when
+                    break
+            start = max(start, t_kv)
+        if over > 0:
+            start = max(start, rel[over - 1][0] if over - 1 < len(rel) else INF)
+        return start
+
+    def earliest_pair(self, call: Call) -> tuple[int, int, float]:
+        """The fallback placement of a waiting call: see :func:`earliest_pair`."""
+        return earliest_pair(self.tables, self.now, self.free_l, self.dec_tokens_l,
+                             self.dec_count_l, self.dec_ctx_l, call, self.slow_start)
+    def copy(self) -> PlanState:
+        """An independent Ŝ for what-if picks (lookahead): committing to the copy leaves this
+        state's projections unchanged. Arrays and reservation lists are copied; the cluster
+        tables, the live decode instances and the excluded uids are shared read-only."""
+        new = PlanState.__new__(PlanState)
+        new.tables = self.tables
+        new.now = self.now
+        new.free_l = list(self.free_l)
+        new.pf_tokens_l = list(self.pf_tokens_l)
+        new.dec_tokens_l = list(self.dec_tokens_l)
+        new.dec_count_l = list(self.dec_count_l)
+        new.dec_ctx_l = list(self.dec_ctx_l)
+        new._arrays = {}
+        new._decode = self._decode
+        new._exclude = self._exclude
+        new._releases = {d: list(r) for d, r in self._releases.items()}
+        new._picked = {d: list(p) for d, p in self._picked.items()}
+        tau = self._tau_cache
+        new._tau_cache = None if tau is None else (tau[0].copy(), tau[1].copy())
+        new._start_memo = None
+        new.free_decode = self.free_decode
+        return new
+
+    # -- picks ----------------------------------------------------------------------------------
+    def commit(self, call: Call, p: int, d: int, delta: float, prefill_stage: bool,
+               pf: float | None = None) -> None:
+        """Reserve the picked placement in Ŝ so later projections see it (``pf``: the prefill
+        seconds the projection used on p; default the call's cache-aware ``pf_est[p]``)."""
+        self._start_memo = None
+        arrays = self._arrays
+        if prefill_stage:
+            self.free_l[p] += call.pf_est[p] if pf is None else pf
+            self.pf_tokens_l[p] += call.l_in
+            if "free" in arrays:
+                arrays["free"][p] = self.free_l[p]
+            if "pf_tokens" in arrays:
+                arrays["pf_tokens"][p] = self.pf_tokens_l[p]
+        self.dec_tokens_l[d] += call.kv_pred
+        self.dec_count_l[d] += 1
+        self.dec_ctx_l[d] += call.ctx_share
+        for name in ("dec_tokens", "dec_count", "dec_ctx"):
+            if name in arrays:
+                arrays[name][d] = getattr(self, name + "_l")[d]
+        item = (self.now + delta, float(call.kv_pred))
+        self._picked.setdefault(d, []).append(item)
+        rel = self._releases.get(d)
+        if rel is not None:
+            bisect.insort(rel, item)
+        # only d's step time changed: refresh its entry (same arithmetic as decode_tau)
+        tau = self._tau_cache
+        if tau is not None:
+            t = self.tables
+            b = min(self.dec_count_l[d] + 1, t.batch_top)
+            slope = t.dec_slope_list[d][b]
+            tau[0][d] = t.dec_base_list[d][b] + slope * self.dec_ctx_l[d]
+            tau[1][d] = slope
+
+    def _release_list(self, d: int) -> list[tuple[float, float]]:
+        """Projected (release time, tokens) of every reservation on d, sorted; built lazily."""
+        rel = self._releases.get(d)
+        if rel is not None:
+            return rel
+        inst = self._decode[d]
+        now = self.now
+        inst.advance(now)
+        rel = []
+        step = inst.step
+        groups: dict[int, tuple[float, float]] = {}
+        for _, _, c in inst.batch:
+            left = c.v_finish_pred - inst.v
+            when = now + max(left, 1.0) * step
+            lead = c.lead if c.lead is not None else c
+            if lead.width == 1:
+                rel.append((when, float(c.kv_pred)))
+            else:  # a sample group frees its reservation with its last sample
+                prev = groups.get(lead.uid)
+                if prev is None or when > prev[0]:
+                    groups[lead.uid] = (when, float(lead.kv_pred))
+        rel.extend(groups.values())
+        for ready, c in inst.recomputing.values():  # admitted, rebuilding its KV: still holds it
+            left = max(c.l_out_pred - c.generated, 1.0)
+            rel.append((max(ready, now) + left * step, float(c.kv_pred)))
+        for c in inst.inbound.values():
+            if c.uid not in self._exclude:
+                rel.append((max(c.proj_release, now), float(c.kv_pred)))
+        rel.extend(self._picked.get(d, ()))
+        rel.sort()
+        self._releases[d] = rel
+        return rel
+
+
+def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
+             decode: list[DecodeInstance], planned: list[Call], prefill_stage: bool) -> PlanState:
+    """Build Ŝ at ``now`` for planning ``planned`` (those calls hold no reservation in Ŝ)."""
+    exclude = {c.uid for c in planned}
+    work = [inst.queued_est for inst in prefill]
+    pf_tokens = [float(inst.load_tokens) for inst in prefill]
+    tokens = [float(x.committed_pred) for x in decode]
+    count = [x.committed_count for x in decode]
+    ctx = [x.sched_ctx for x in decode]
+    for c in planned:  # a call being (re-)planned gives up its current place in Ŝ
+        if c.decode_inst >= 0:
+            if prefill_stage:
+                work[c.prefill_inst] -= c.pf_queued
+                pf_tokens[c.prefill_inst] -= c.l_in
+            d = c.decode_inst
+            tokens[d] -= c.kv_pred
+            count[d] -= 1
+            ctx[d] -= c.ctx_share
+    free = [inst.free_at(now, w) for inst, w in zip(prefill, work, strict=True)]
+    state = PlanState(tables, now, free, tokens, count, ctx, decode, exclude, pf_tokens)
+    return state

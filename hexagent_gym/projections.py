@@ -1,0 +1,249 @@
+"""The projections Δ(c, p, d) over the planner's simulated state Ŝ (docs/simulator.md).
+
+Everything here is *scheduler-visible*: prefill and decode times carry the per-call estimation
+error and output lengths are predicted ones. True service times live in the simulator only.
+
+Projection of call c on pair (p, d) at time ``now``::
+
+    pf_end  = free[p] + pf_est[c, p]
+    arrive  = pf_end + setup[p, d] + L_in · s_per_token[p, d]
+    start   = max(arrive, T_d(c))          # earliest capacity- and batch-feasible decode start
+    Δ       = start + L_out_pred · τ_d(c) − now
+
+``T_d`` treats every reservation on d as held from now until its projected release (a
+conservative step function, so the earliest start is one search in the sorted releases), and
+``τ_d`` is the per-token step time with the call added to d's committed batch, from an affine
+(in context) table per batch size.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hexagent_gym.cluster_tables import INF, mean_own_context
+
+if TYPE_CHECKING:
+    from hexagent_gym.call_batch import CallBatch
+    from hexagent_gym.entities import Call
+
+
+class Projections:
+    """Δ of waiting calls under Ŝ: full tensors, per-class reductions and exact argmins (a mixin
+    of :class:`~hexagent_gym.plan_state.PlanState`, whose state it reads)."""
+
+    def project_prefill(self, batch: CallBatch) -> np.ndarray:
+        """Δ (n, P, D) for calls waiting for prefill; inf where d cannot hold the call."""
+        return self._finish(batch, (self.free + batch.pf)[:, :, None] + batch.xfer)
+
+    def project_prefill_classes(self, batch: CallBatch) -> np.ndarray:
+        """Δ (n, K, D) over prefill *classes*: each class's entry is its best member's.
+
+        Members of a class differ only in their free time and cached prefix, i.e. in
+        ``free + pf``; Δ is monotone in it, so the class's entry is the minimum of
+        :meth:`project_prefill` over its members (the same float, bit for bit), and the
+        minimum over (K, D) is the minimum over (P, D) at O(K·D) instead of O(P·D)."""
+        t = self.tables
+        ready = np.minimum.reduceat((self.free + batch.pf)[:, t.pf_perm], t.pf_starts, axis=1)
+        return self._finish(batch, ready[:, :, None] + batch.xfer_cls)
+
+    def _finish(self, batch: CallBatch, arrive: np.ndarray) -> np.ndarray:
+        """Δ from KV arrival times ``arrive`` (n, X, D): the later of arrival and the earliest
+        decode start, plus the decode time, from now; inf where d cannot hold the call."""
+        start = self.decode_starts(batch.kv_pred)
+        self._start_memo = (batch, start)  # best_prefill_pair reuses it until the next commit
+        if not isinstance(start, float):
+            start = start[:, None, :]
+        base, slope = self._tau
+        dec = batch.weight[:, None] * (base[None, :] + slope[None, :] * batch.ctx[:, None])
+        delta = np.maximum(arrive, start) + (dec - self.now)[:, None, :]
+        if batch.any_too_big:
+            delta[np.broadcast_to(batch.too_big[:, None, :], delta.shape)] = INF
+        return delta
+
+    def best_prefill_pair(self, batch: CallBatch, i: int,
+                          classes: np.ndarray) -> tuple[int, int, float]:
+        """The pair ``np.argmin`` picks in row ``i`` of :meth:`project_prefill` (lowest p, then
+        lowest d, among equal Δ) and that Δ, from the row's class projection ``classes`` (K, D).
+
+        Only the decode instances where the minimum occurs are expanded over every prefill
+        instance (exact ties between members and classes are resolved as the full row would)."""
+        best = float(classes.min())
+        if best == INF:
+            return 0, 0, best  # no valid pair: argmin of an all-inf row
+        cols = np.flatnonzero(classes.min(axis=0) == best)
+        t = self.tables
+        arrive = (self.free + batch.pf[i])[:, None] + (
+            t.setup[:, cols] + batch.l_in[i] * t.s_per_token[:, cols])
+        memo = self._start_memo
+        if memo is not None and memo[0] is batch:
+            start = memo[1] if isinstance(memo[1], float) else memo[1][i, cols]
+        else:
+            start = self.decode_starts(batch.kv_pred[i:i + 1])
+            if not isinstance(start, float):
+                start = start[0, cols]
+        base, slope = self._tau
+        dec = batch.weight[i] * (base[cols] + slope[cols] * batch.ctx[i])
+        sub = np.maximum(arrive, start) + (dec - self.now)
+        p, j = divmod(int(np.argmin(sub)), len(cols))
+        return p, int(cols[j]), best
+
+    def best_prefill_pair_one(self, call: Call, pf: list[float]) -> tuple[int, int, float]:
+        """:meth:`best_prefill_pair` for a window of one call, in scalar Python (the common
+        decision; numpy's per-call overhead dominates at this size). ``pf``: the prefill
+        seconds the projection uses on each instance. Same floats, same tie-breaking."""
+        t = self.tables
+        now = self.now
+        free = self.free_l
+        ready = []  # per prefill class: its best member's free + prefill
+        for members in t.pf_members:
+            r = INF
+            for p in members:
+                v = free[p] + pf[p]
+                if v < r:
+                    r = v
+            ready.append(r)
+        xcols = t.transfer_cols(call.l_in)
+        tokens, count, ctx = self._decode_lists()
+        top = t.batch_top
+        l_out = float(call.l_out_pred)
+        weight = l_out * call.dec_err
+        own_ctx = mean_own_context(call.l_in, l_out)
+        kv = float(call.l_in + call.l_out_pred)  # as CallBatch.kv_pred
+        kv_true = call.kv_true
+        best, cols, starts, ends = INF, [], {}, {}
+        for d, (cap, max_batch, base_row, slope_row) in enumerate(t.dec_static):
+            if kv_true > cap:
+                continue
+            n = count[d]
+            b = n + 1 if n < top else top
+            slope = slope_row[b]
+            end = weight * ((base_row[b] + slope * ctx[d]) + slope * own_ctx) - now
+            need = (kv if kv < cap else cap) - (cap - tokens[d])
+            start = now if need <= 0.0 and n < max_batch else self.slow_start(
+                d, need, n - max_batch + 1)
+            x = xcols[d]
+            col = INF
+            for k, r in enumerate(ready):
+                a = r + x[k]
+                v = (a if a > start else start) + end
+                if v < col:
+                    col = v
+            if col < best:
+                best, cols = col, [d]
+            elif col == best:
+                cols.append(d)
+            starts[d], ends[d] = start, end
+        if best == INF:
+            return 0, 0, best  # no valid pair: argmin of an all-inf row
+        cls = t.pf_class_list
+        for p, f in enumerate(free):  # lowest p, then lowest d, reaching the minimum
+            fp = f + pf[p]
+            k = cls[p]
+            for d in cols:
+                a = fp + xcols[d][k]
+                start = starts[d]
+                if (a if a > start else start) + ends[d] == best:
+                    return p, d, best
+        raise AssertionError("the minimum is reached by some pair")
+
+    def _decode_lists(self) -> tuple[list[float], list[int], list[float]]:
+        return self.dec_tokens_l, self.dec_count_l, self.dec_ctx_l
+
+    def best_decode_pair_one(self, call: Call) -> tuple[int, int, float]:
+        """``np.argmin`` over :meth:`project_decode`'s row of a window of one call, and that Δ,
+        in scalar Python (same floats as the numpy projection)."""
+        t = self.tables
+        now = self.now
+        p, own = call.prefill_inst, call.decode_inst
+        tokens, count, ctx = self._decode_lists()
+        top = t.batch_top
+        l_out = float(call.l_out_pred)
+        weight = l_out * call.dec_err
+        own_ctx = mean_own_context(call.l_in, l_out)
+        kv = float(call.l_in + call.l_out_pred)  # as CallBatch.kv_pred
+
+        def finish(d: int) -> tuple[float, float]:  # (earliest start, decode end − now) on d
+            cap, max_batch, base_row, slope_row = t.dec_static[d]
+            n = count[d]
+            b = n + 1 if n < top else top
+            slope = slope_row[b]
+            end = weight * ((base_row[b] + slope * ctx[d]) + slope * own_ctx) - now
+            need = (kv if kv < cap else cap) - (cap - tokens[d])
+            start = now if need <= 0.0 and n < max_batch else self.slow_start(
+                d, need, n - max_batch + 1)
+            return start, end
+
+        start, end = finish(own)
+        best, best_d = start + end, own
+        if self.free_decode and call.preempted == 0 and not call.moved and start > now:
+            # its own instance cannot admit it now: it may move (its KV sent again from p)
+            setup, spt, l_in, kv_true = t.setup_list[p], t.spt_list[p], call.l_in, call.kv_true
+            best, best_d = INF, 0
+            for d in range(t.num_decode):
+                if kv_true > t.dec_static[d][0]:
+                    continue
+                start, end = finish(d)
+                a = now if d == own else now + (setup[d] + l_in * spt[d])
+                v = (a if a > start else start) + end
+                if v < best:
+                    best, best_d = v, d
+        if best == INF:
+            return 0, 0, best
+        return p, best_d, best
+
+    def prefill_delta_at(self, batch: CallBatch, p: int, d: int) -> float:
+        """One entry ``project_prefill(batch)[0, p, d]`` of a one-call batch (same float)."""
+        if batch.too_big[0, d]:
+            return INF
+        t = self.tables
+        arrive = (self.free_l[p] + batch.pf[0, p]) + (t.setup[p, d]
+                                                    + batch.l_in[0] * t.s_per_token[p, d])
+        start = self.decode_starts(batch.kv_pred)
+        if not isinstance(start, float):
+            start = start[0, d]
+        base, slope = self._tau
+        dec = batch.weight[0] * (base[d] + slope[d] * batch.ctx[0])
+        return float(max(arrive, start) + (dec - self.now))
+
+    def project_decode(self, batch: CallBatch) -> np.ndarray:
+        """Δ (n, P, D) for calls waiting at the decode stage; inf elsewhere.
+
+        A *locked* call (``batch.locked``) has one finite entry, its (p, d). A *free* call whose
+        own instance cannot admit it now may move to any decode instance that can hold it: row
+        ``p`` = its prefill instance, and a move to d' ≠ d first re-sends its KV (the P→D
+        transfer time of p, d')."""
+        t = self.tables
+        n = len(batch.kv_pred)
+        delta = np.full((n, t.num_prefill, t.num_decode), INF)
+        delta[np.arange(n), batch.prefill_inst] = self.project_decode_rows(batch)
+        return delta
+
+    def project_decode_rows(self, batch: CallBatch) -> np.ndarray:
+        """The only row of :meth:`project_decode` that can be finite, ``p`` = each call's
+        prefill instance: (n, D)."""
+        t = self.tables
+        n = len(batch.kv_pred)
+        rows = np.arange(n)
+        base, slope = self._tau
+        d = batch.decode_inst
+        dec = batch.weight * (base[d] + slope[d] * batch.ctx)
+        start = self.decode_starts(batch.kv_pred)
+        start_own = start if isinstance(start, float) else start[rows, d]
+        delta = np.full((n, t.num_decode), INF)
+        delta[rows, d] = start_own + (dec - self.now)
+        # a free call may move only when its own instance cannot admit it now
+        if self.free_decode and not isinstance(start_own, float) and not batch.locked.all():
+            f = np.flatnonzero(~batch.locked & (start_own > self.now))
+            p = batch.prefill_inst[f]
+            arrive = self.now + (t.setup[p] + batch.l_in[f, None] * t.s_per_token[p])
+            arrive[np.arange(len(f)), d[f]] = self.now  # (m, D): when its KV could be on d'
+            dec_all = batch.weight[f, None] * (base[None, :] + slope[None, :]
+                                               * batch.ctx[f, None])
+            st = start if isinstance(start, float) else start[f]
+            val = np.maximum(arrive, st) + (dec_all - self.now)
+            if batch.any_too_big:
+                val[batch.too_big[f]] = INF
+            delta[f] = val
+        return delta
