@@ -10,12 +10,10 @@ largest risk that results, max(R(c), max over the other calls of R'(c')). It tak
 the smallest score; ties go to the riskier call, so HexAgent's own pick wins unless another one
 strictly lowers the worst projected risk. ``candidates=1`` is exactly HexAgent.
 
-Measured (docs/agents.md, ``configs/experiments/lookahead.yaml``, 20 paired seeds): Req99
-2.7 % ± 2.2 below HexAgent's on hetero-2 / Mixed (1.3 % ± 1.9 over 40 seeds) and 1.6 % ± 1.6
-below on hetero-1 / BFCL-v3, within noise elsewhere, identical on ShareGPT (one call per
-workflow at a time leaves nothing to reorder), at about 2–3× HexAgent's mean cost per
-invocation. The decode stage keeps HexAgent's rule (calls are locked to their instance; the
-order only sets queue ranks).
+The decode stage, and prefill decisions with more than ``one_pass_threshold`` waiting calls, keep
+HexAgent's rule (at decode, calls are locked to their instance; the order only sets queue ranks).
+Each lookahead pick copies Ŝ and re-projects the other waiting calls once per live candidate, on
+top of HexAgent's own projection. Measured effect and cost: docs/agents.md.
 """
 
 from __future__ import annotations

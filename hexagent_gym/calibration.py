@@ -1,4 +1,8 @@
-"""Calibration of the latency model against published measurements (hardware.md §4–§5).
+"""Calibration of the latency model against published measurements.
+
+The points below are inputs: published figures (the public source of each group is named in a
+comment, and docs/latency.md#sources lists them), rules of thumb, and roofline floors computed
+from the specs.
 
 ``calibration_table()`` evaluates every point with :class:`~hexagent_gym.latency.LatencyModel`;
 ``scripts/calibrate_latency.py`` prints it and docs/latency.md quotes it.
@@ -16,7 +20,9 @@ class CalibrationPoint:
     """One published measurement and the instance / step that reproduces it."""
 
     point: str
-    """Label, e.g. ``S1-1k`` (the row of hardware.md §5)."""
+    """Label, e.g. ``S1-1k``; the prefix names the source (R rule of thumb, V1 vLLM nightly
+    benchmark, Vidur kernel profiles, A aiconfigurator, N NVIDIA NIM, S Splitwise, Q Qwen3 FP8
+    serving, F roofline floor)."""
     conditions: str
     model: str
     gpu: str
@@ -36,9 +42,11 @@ class CalibrationPoint:
 
 
 # Contexts for the serving rows: ISL + OSL/2 is the average context over a request's decode.
-_TOLERANCE = 0.25  # for the modern-stack points; docs/latency.md explains the choice
+_TOLERANCE = 0.25  # relative, for the modern-stack points (docs/latency.md, "Calibration")
 CALIBRATION_POINTS: tuple[CalibrationPoint, ...] = (
-    # Modern-stack rules of thumb (BF16 Llama-70B TPOT at batch <= 8; prefill per 1k tokens).
+    # Modern-stack rules of thumb (BF16 Llama-70B TPOT at batch <= 8: weight read at 80 % of HBM
+    # bandwidth plus 3-6 ms fixed cost; prefill per 1k tokens). V1: vLLM's nightly benchmark
+    # (Buildkite vllm/performance-benchmark, build 9515).
     CalibrationPoint("R-A100", "TPOT rule of thumb, batch 4 x 2k ctx", "llama-3.1-70b", "a100", 4,
                      "bf16", "decode", (4, 8192), 26.0, _TOLERANCE),
     CalibrationPoint("R-H100", "TPOT rule of thumb (16-18), batch 4 x 2k ctx", "llama-3.1-70b",
@@ -49,14 +57,16 @@ CALIBRATION_POINTS: tuple[CalibrationPoint, ...] = (
                      "h100", 4, "bf16", "prefill", (1024,), 85.0, _TOLERANCE),
     CalibrationPoint("V1", "vLLM nightly, batch 8, in 32 / out 128", "llama-3.1-70b", "h200", 4,
                      "bf16", "decode", (8, 8 * 96), 16.2, _TOLERANCE, "older vLLM"),
-    # Vidur per-layer linear GEMM times (calibrate MFU / MBU separately from overheads).
+    # Vidur per-layer linear GEMM times (microsoft/vidur, data/profiling/compute; they calibrate
+    # MFU / MBU separately from overheads).
     *(CalibrationPoint(f"Vidur-A100-{n}", f"one layer's linear GEMMs, {n} tokens",
                        "llama-3.1-70b", "a100", 4, "bf16", "linear-layer", (n,), ms, _TOLERANCE)
       for n, ms in ((1, 0.285), (512, 1.05), (2048, 3.90), (8192, 14.75))),
     *(CalibrationPoint(f"Vidur-H100-{n}", f"one layer's linear GEMMs, {n} tokens",
                        "llama-3.1-70b", "h100", 4, "bf16", "linear-layer", (n,), ms, _TOLERANCE)
       for n, ms in ((1, 0.159), (512, 0.330), (2048, 1.22), (4096, 2.37))),
-    # Modern FP8 serving (aiconfigurator silicon, vLLM; NVIDIA NIM), Llama-3.x-70B.
+    # Modern FP8 serving, Llama-3.x-70B: ai-dynamo/aiconfigurator systems/silicon_sample.csv
+    # (vLLM) and NVIDIA NIM 1.8.0's published benchmarks.
     CalibrationPoint("A1-c4", "vLLM FP8 TPOT, conc 4, ISL 1k / OSL 8k", "llama-3.1-70b", "h100",
                      4, "fp8", "decode", (4, 4 * 5120), 12.0, _TOLERANCE),
     CalibrationPoint("A1-c64", "vLLM FP8 TPOT, conc 64, ISL 1k / OSL 8k", "llama-3.1-70b",
@@ -73,7 +83,8 @@ CALIBRATION_POINTS: tuple[CalibrationPoint, ...] = (
                      "fp8", "prefill", (500,), 47.8, _TOLERANCE),
     CalibrationPoint("N1-itl", "NIM FP8 ITL, ISL 5000 / OSL 500, conc 1", "llama-3.1-70b",
                      "h100", 2, "fp8", "decode", (1, 5250), 18.6, _TOLERANCE),
-    # 2023 vLLM (Splitwise perf_model.csv): reference only, the model should be faster.
+    # 2023 vLLM (Mutinifni/splitwise-sim data/perf_model.csv, Llama-2-70B FP16): reference only,
+    # the model should be faster.
     *(CalibrationPoint(f"S1-{n // 1024}k", f"2023 vLLM prefill {n} tokens", "llama-3.1-70b",
                        "h100", 4, "bf16", "prefill", (n,), ms, None, "2023 vLLM")
       for n, ms in ((1024, 105.6), (2048, 200.7), (8192, 953.6))),
@@ -88,7 +99,8 @@ CALIBRATION_POINTS: tuple[CalibrationPoint, ...] = (
                      4, "bf16", "decode", (64, 64 * 512), 52.4, None, "2023 vLLM"),
     CalibrationPoint("S5-A100", "2023 vLLM decode, batch 64, prompt 512", "llama-3.1-70b", "a100",
                      4, "bf16", "decode", (64, 64 * 512), 73.0, None, "2023 vLLM"),
-    # Qwen3-235B-A22B: FP8 only (no BF16 data exists); our model runs TP where these used TP/EP.
+    # Qwen3-235B-A22B: FP8 only (no published BF16 data found), from aiconfigurator's
+    # silicon_sample.csv; our model runs TP where these used TP/EP.
     CalibrationPoint("Q-H100-c4", "TRT-LLM FP8 TP8/EP8 TPOT, conc 4, ISL 1k / OSL 512",
                      "qwen3-235b-a22b", "h100", 8, "fp8", "decode", (4, 4 * 1280), 11.6, None,
                      "EP8 vs our TP8"),
@@ -97,7 +109,8 @@ CALIBRATION_POINTS: tuple[CalibrationPoint, ...] = (
                      "EP8 vs our TP8"),
     CalibrationPoint("Q-H200-c9", "SGLang FP8 TP4 TPOT, conc 9, ISL 1000 / OSL 2000",
                      "qwen3-235b-a22b", "h200", 4, "fp8", "decode", (9, 9 * 2000), 17.0, None),
-    # Floors at 100 % of peak [DERIVED in hardware.md §5.1 / §5.3], for the cases without data.
+    # Roofline floors at 100 % of peak (compute for prefill; weight, expert and KV bytes for
+    # decode), computed from the specs and model shapes, for the cases without data.
     *(CalibrationPoint(f"F-{gpu}-b{b}", f"BF16 decode floor, batch {b} x 2k ctx",
                        "qwen3-235b-a22b", gpu, tp, "bf16", "decode", (b, b * 2048), ms, None,
                        "no BF16 data", floor=True)

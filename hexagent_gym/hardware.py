@@ -173,14 +173,6 @@ class ModelSpec:
             per_layer += self.num_experts * self.expert_params
         return self.num_hidden_layers * per_layer + self.embedding_params + self.norm_params
 
-    @property
-    def active_params(self) -> int:
-        """Parameters used per token (top-k experts for MoE), including embedding and LM head."""
-        if not self.is_moe:
-            return self.total_params
-        unused = self.num_experts - self.num_experts_per_tok
-        return self.total_params - self.num_hidden_layers * unused * self.expert_params
-
 
 _GPU_FIELDS = ("name", "description", "bf16_tflops", "fp8_tflops", "memory_gib", "memory_bw_tbs",
                "nvlink_gbs", "pcie_gbs", "nic_gbs", "efficiency")

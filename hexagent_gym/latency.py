@@ -2,7 +2,7 @@
 
 An instance is one model replica on ``tp`` GPUs of one type (tensor parallel). Each step time is a
 roofline per operator group, ``max(FLOPs / (P * MFU), bytes / (BW * MBU))``, plus explicit TP
-all-reduces and a fixed per-step overhead (shared/reference/hardware.md §3.6):
+all-reduces and a fixed per-step overhead (docs/latency.md, "What is modelled", gives the terms):
 
 * linear layers (q/k/v/o, dense FFN, MoE router, LM head in decode), weights read once per step;
 * MoE experts: only the ``E_eff(N) = E * (1 - (1 - k/E)^N)`` experts that ``N`` tokens touch
@@ -217,7 +217,7 @@ class LatencyModel:
     # Inspection (not on the hot path)
 
     def prefill_breakdown(self, input_tokens: int) -> dict[str, float]:
-        """The terms of ``prefill_time`` in seconds; they sum to it."""
+        """The terms of ``prefill_time`` (no cached prefix) in seconds; they sum to it."""
         s = input_tokens
         return {
             "linear": max(s * self._pf_lin_flop, self._lin_mem),
@@ -311,8 +311,9 @@ class LatencyModel:
         self._pf_lin_flop = lin_flops_tok / (peak_lin * e.mfu_prefill)
         self._lin_mem = lin_bytes / bw
         self._pf_lm_head = max(lm_flops_tok / (peak_bf16 * e.mfu_prefill), lm_bytes / bw)
-        # Causal attention, no prefix: 2 * L * q_width * s^2 FLOPs; bytes per token: q in, o out,
-        # k/v in from the projections and k/v out to the cache.
+        # Causal attention: 2 * L * q_width * (s^2 - h^2) FLOPs for h cached of s tokens (s^2
+        # without a prefix); bytes per new token: q in, o out, k/v in from the projections and k/v
+        # out to the cache, plus one read of each cached token's KV.
         self._pf_att_flop = 2.0 * layers * q_gpu / (peak_bf16 * e.mfu_attention)
         att_tok_bytes = 4.0 * layers * q_gpu + kvb  # q + o activations, plus new KV
         self._pf_att_mem = (att_tok_bytes + kvb) / bw

@@ -1,4 +1,10 @@
-"""Property tests over random DAGs, clusters and policies: the invariants of DESIGN §2."""
+"""Property tests over random DAGs, clusters and policies: the simulator's invariants.
+
+Every call completes exactly once, no earlier than its parents plus the tool latency, through
+prefill, KV transfer and decode in that order; a prefill instance serves one call at a time; a
+decode instance never exceeds its KV capacity or batch size; the clock never goes back; and at
+zero load a workflow's completion time equals its standalone horizon (docs/simulator.md).
+"""
 
 from __future__ import annotations
 
