@@ -12,7 +12,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from hexagent_gym.evaluation import (  # noqa: E402
+from hexagent_gym.experiments import (  # noqa: E402
     CELLS_FILE,
     FAILURES_FILE,
     CellError,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hexagent_gym.episode import EpisodeConfig
-from hexagent_gym.evaluation import Experiment, Grid
+from hexagent_gym.experiments import Experiment, Grid
 
 TINY = EpisodeConfig(cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=6, load=1.0)
 

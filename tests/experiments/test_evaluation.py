@@ -12,7 +12,7 @@ import pytest
 
 from hexagent_gym.config import ConfigError, configs_dir
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
-from hexagent_gym.evaluation import (
+from hexagent_gym.experiments import (
     CELLS_FILE,
     FAILURES_FILE,
     Cell,
@@ -207,22 +207,22 @@ def test_worker_processes_give_the_same_records():
 def test_a_single_factory_group_is_split_across_worker_processes(monkeypatch):
     """One cluster, trace and load with many seeds is one factory group; the pool still gets one
     task per chunk (about two per worker), and the records equal the serial run's."""
-    from hexagent_gym import evaluation
+    from hexagent_gym.experiments import chunks, runner
 
     exp = tiny_experiment(seeds=(0, 1, 2, 3), policies=("fcfs", "hexagent"))
-    groups = list(evaluation._groups(exp.cells()))
+    groups = list(chunks.factory_groups(exp.cells()))
     assert len(groups) == 1
-    sizes = [len(c) for c in evaluation.chunk_cells(groups, evaluation.auto_chunk_size(groups, 2))]
+    sizes = [len(c) for c in chunks.chunk_cells(groups, chunks.auto_chunk_size(groups, 2))]
     assert sizes == [2, 2, 2, 2]
     submitted = []
-    real = evaluation.chunk_cells
+    real = chunks.chunk_cells
 
     def spy(groups, chunk_size):
         chunks = real(groups, chunk_size)
         submitted.append([len(c) for c in chunks])
         return chunks
 
-    monkeypatch.setattr(evaluation, "chunk_cells", spy)
+    monkeypatch.setattr(runner, "chunk_cells", spy)
     two = evaluate(exp, None, progress=False, timing=False, workers=2)
     one = evaluate(exp, None, progress=False, timing=False)
     assert submitted == [[2, 2, 2, 2]]  # the pool got four tasks, not one
@@ -275,13 +275,14 @@ def test_run_cells_catches_per_cell_and_shares_factories():
 def test_ray_is_optional():
     """Importing the evaluation layer (or the Ray backend module) does not import ray, and
     asking for the Ray backend without ray says how to install it."""
-    code = ("import sys; import hexagent_gym.evaluation, hexagent_gym.distributed; "
-            "import scripts.evaluate; assert 'ray' not in sys.modules, 'ray imported'")
+    code = ("import sys; import hexagent_gym.experiments, hexagent_gym.evaluation, "
+            "hexagent_gym.distributed, hexagent_gym.plots; import scripts.evaluate; "
+            "assert 'ray' not in sys.modules, 'ray imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     code = ("import sys; sys.modules['ray'] = None\n"
-            "from hexagent_gym.evaluation import Experiment, Grid, evaluate\n"
+            "from hexagent_gym.experiments import Experiment, Grid, evaluate\n"
             "from hexagent_gym.episode import EpisodeConfig\n"
             "exp = Experiment('x', Grid(base=EpisodeConfig(cluster='tiny-2p2d', "
             "num_workflows=2), policies=('fcfs',)))\n"
@@ -292,8 +293,25 @@ def test_ray_is_optional():
     assert 'pip install "hexagent-gym[distributed]"' in proc.stderr
 
 
+def test_the_old_module_paths_re_export_the_experiments_package():
+    """hexagent_gym.evaluation, .distributed and .plots are thin re-exports: the same objects."""
+    import hexagent_gym.distributed as distributed
+    import hexagent_gym.evaluation as evaluation
+    import hexagent_gym.experiments as experiments
+    import hexagent_gym.plots as plots
+    from hexagent_gym.experiments import ray_backend
+
+    for name in evaluation.__all__:
+        assert getattr(evaluation, name) is getattr(experiments, name), name
+    for name in distributed.__all__:
+        assert getattr(distributed, name) is getattr(
+            ray_backend if hasattr(ray_backend, name) else experiments, name), name
+    for name in plots.__all__:
+        assert getattr(plots, name) is getattr(experiments, name), name
+
+
 def test_chunks_split_factory_groups():
-    from hexagent_gym.evaluation import auto_chunk_size, chunk_cells
+    from hexagent_gym.experiments import auto_chunk_size, chunk_cells
 
     cells = tiny_experiment(seeds=(0, 1, 2, 3, 4), traces=("bfcl_v3", "sharegpt")).cells()
     groups = [cells[:10], cells[10:]]
