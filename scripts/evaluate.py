@@ -2,6 +2,7 @@
 
 Usage:
     python scripts/evaluate.py --config configs/experiments/default.yaml --plot
+    python scripts/evaluate.py atlas_ablation           # the experiment name alone works too
     python scripts/evaluate.py --policies hexagent,llf --traces bfcl_v3 --load 0.8,1.0 --seeds 0,1
     python scripts/evaluate.py --config table2_3 --quick
     python scripts/evaluate.py --config table6 --backend ray                 # local Ray, all cores
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 
 from hexagent_gym.config import ConfigError
-from hexagent_gym.evaluation import (
+from hexagent_gym.experiments import (
     BACKENDS,
     evaluate,
     format_failures,
@@ -45,6 +46,9 @@ def _list(kind: type):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("experiment", nargs="?",
+                        help="experiment YAML path or shipped name (e.g. table1); same as "
+                        "--config")
     parser.add_argument("--config", help="experiment YAML path or shipped name (e.g. table1)")
     parser.add_argument("--policies", type=_list(str), help="comma-separated policy names")
     parser.add_argument("--traces", type=_list(str), help="comma-separated trace names or paths")
@@ -85,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="stop at the first failing cell instead of running the others")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
+    if args.experiment is not None:
+        if args.config is not None:
+            parser.error("name the experiment once: positionally or with --config")
+        args.config = args.experiment
     if args.backend != "ray":
         for flag in ("address", "chunk_size"):
             if getattr(args, flag) is not None:
@@ -112,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     ray_init = None
     if args.ship_code:
-        from hexagent_gym.distributed import code_runtime_env
+        from hexagent_gym.experiments.ray_backend import code_runtime_env
 
         ray_init = {"runtime_env": code_runtime_env()}
     try:
@@ -131,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_results(ev, out)
     print(report_text(ev))
     if args.plot:
-        from hexagent_gym.plots import plot_evaluation
+        from hexagent_gym.experiments.plots import plot_evaluation
 
         paths += plot_evaluation(ev.records, args.plot_dir or out, prefix=f"{exp.name}_")
     elapsed = time.perf_counter() - start

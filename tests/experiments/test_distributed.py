@@ -21,9 +21,9 @@ from hexagent_gym.experiments import (  # noqa: E402
     read_cells,
     write_results,
 )
-from tests.tiny_grid import tiny_experiment as tiny  # noqa: E402
+from tests.experiments.tiny_grid import tiny_experiment as tiny  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def without_timing(records):

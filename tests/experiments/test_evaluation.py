@@ -35,9 +35,9 @@ from hexagent_gym.experiments import (
     t_quantile_975,
     write_results,
 )
-from tests.tiny_grid import TINY, tiny_experiment
+from tests.experiments.tiny_grid import TINY, tiny_experiment
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fake(policy, seed, req99, req95=None, cluster="c", trace="t"):

@@ -25,7 +25,7 @@ from hexagent_gym.experiments import (
     summarize,
 )
 from hexagent_gym.policy import run_policy
-from tests.tiny_grid import TINY
+from tests.experiments.tiny_grid import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "cache_capacity.py"
 TRACES = ("sharegpt", "bfcl_v3", "lats")
 POLICIES = ("hexagent", "fcfs")
