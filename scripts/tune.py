@@ -1,5 +1,6 @@
-"""Ray Tune sweep over PPO hyperparameters of the learned scheduler; one scripts/train.py run
-per trial, each logging to TensorBoard in its trial directory.
+"""Ray Tune sweep over PPO hyperparameters of the learned scheduler; one training run
+(agents.training.train, in the trial's process) per trial, each logging to TensorBoard in its
+trial directory.
 
 Usage:
     python scripts/tune.py                                   # 4 trials x 2048 steps, local Ray
@@ -9,31 +10,38 @@ Usage:
 
 Search space (random search, seeded by --seed): learning rate log-uniform in [3e-5, 1e-3],
 rollout steps per env n_steps in {128, 256, 512}, entropy coefficient in {0, 0.001, 0.01}.
-Every trial runs `scripts/train.py` as a subprocess with those flags, the shared flags below and
-anything after `--` (e.g. `-- --num-workflows 100 --init-from hexagent`); it reports
-eval/req99 to Tune as train.py logs it (read back from the TensorBoard events) and the best at the
-end. Layout: <logdir>/<name>/<trial>/train/ holds the trial's TensorBoard events, progress.csv,
-run.json and models; <trial>/ itself holds Tune's result.json, progress.csv and events; the
-sweep's table goes to <logdir>/<name>/sweep.json. Needs ray[tune]; docs/distributed.md.
+Every trial trains with those values, the shared flags below and the scripts/train.py flags after
+`--` (e.g. `-- --num-workflows 100 --init-from hexagent`), read by train.py's own parser into a
+TrainConfig before Ray starts; it reports each evaluation's eval/req99 to Tune as it runs and the
+best at the end. Layout: <logdir>/<name>/<trial>/train/ holds the trial's TensorBoard events,
+progress.csv, run.json and models, <trial>/train.log its output and command.txt the train.py
+command line that reruns it alone; <trial>/ itself holds Tune's result.json, progress.csv and
+events; the sweep's table goes to <logdir>/<name>/sweep.json. Needs ray[tune];
+docs/distributed.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import importlib.util
 import json
-import re
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from agents.training import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = ROOT / "scripts" / "train.py"
 METRIC = "best_req99"
 """What a trial minimises: the lowest eval/req99 it has reached so far."""
 EVAL_TAGS = ("req99", "req95", "mean_ratio")
+PER_TRIAL = ("--lr", "--n-steps", "--ent-coef", "--logdir", "--out")
+"""train.py flags every trial sets itself (sampled or its directory): not allowed after --."""
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -64,8 +72,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     p.add_argument("--resume", action="store_true",
                    help="continue the sweep in <logdir>/<name> (unfinished and errored trials)")
     p.add_argument("--train-script", type=Path, default=TRAIN_SCRIPT,
-                   help="train.py to run (its path must exist on every node)")
-    p.add_argument("--poll", type=float, default=5.0, help="seconds between metric reads")
+                   help="train.py whose flag parser reads the trials' flags")
+    p.add_argument("--poll", type=float, default=5.0,
+                   help="unused: trials report each evaluation as it runs (kept so that "
+                   "existing command lines run)")
     args = p.parse_args(argv)
     if args.num_samples < 1 or args.total_timesteps < 1:
         p.error("--num-samples and --total-timesteps must be >= 1")
@@ -76,6 +86,16 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     return args, extra
 
 
+def load_train_script(path: Path) -> Any:
+    """scripts/train.py (or another script with its ``parse_args``) as a module."""
+    spec = importlib.util.spec_from_file_location("hexagent_train_script", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"not a Python file: {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def search_space() -> dict[str, Any]:
     from ray import tune
 
@@ -84,48 +104,42 @@ def search_space() -> dict[str, Any]:
             "ent_coef": tune.choice([0.0, 0.001, 0.01])}
 
 
-def train_command(config: dict[str, Any], settings: dict[str, Any], trial_dir: Path) -> list[str]:
-    """The scripts/train.py command line of one trial."""
+def shared_flags(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """The scripts/train.py flags every trial shares: this script's, then those after --."""
+    return ["--total-timesteps", str(args.total_timesteps),
+            "--eval-every", str(args.eval_every or max(1, args.total_timesteps // 2)),
+            *(["--num-workflows", str(args.num_workflows)] if args.num_workflows else []),
+            "--seed", str(args.seed), "--threads", "1", "--verbose", "1", *extra]
+
+
+def trial_config(base: TrainConfig, config: dict[str, Any], trial_dir: Path) -> TrainConfig:
+    """One trial's TrainConfig: the shared one with the sampled values, in the trial's directory."""
     out = trial_dir / "train"
+    return dataclasses.replace(base, lr=float(config["lr"]), n_steps=int(config["n_steps"]),
+                               ent_coef=float(config["ent_coef"]), logdir=out,
+                               out=out / "model.zip")
+
+
+def train_command(config: TrainConfig, settings: dict[str, Any]) -> list[str]:
+    """A scripts/train.py command line that runs the trial ``config`` alone."""
     return [sys.executable, str(settings["train_script"]),
-            "--lr", repr(float(config["lr"])), "--n-steps", str(int(config["n_steps"])),
-            "--ent-coef", repr(float(config["ent_coef"])),
-            "--total-timesteps", str(settings["total_timesteps"]),
-            "--eval-every", str(settings["eval_every"]),
-            *(["--num-workflows", str(settings["num_workflows"])]
-              if settings["num_workflows"] else []),
-            "--seed", str(settings["seed"]), "--threads", "1", "--verbose", "1",
-            "--logdir", str(out), "--out", str(out / "model.zip"), *settings["extra"]]
+            "--lr", repr(config.lr), "--n-steps", str(config.n_steps),
+            "--ent-coef", repr(config.ent_coef), *settings["flags"],
+            "--logdir", str(config.logdir), "--out", str(config.out)]
 
 
 def trial_directory(settings: dict[str, Any]) -> Path:
     """The trial's directory under the sweep's storage path (<logdir>/<name>/<trial>).
 
     Tune's own trial directory is a staging copy in the Ray session that it syncs to the
-    storage path; train.py writes straight to the storage path instead, so TensorBoard can
-    follow a sweep live. On a multi-node cluster the storage path must be shared (NFS).
+    storage path; the trial's training writes straight to the storage path instead, so
+    TensorBoard can follow a sweep live. On a multi-node cluster the storage path must be
+    shared (NFS).
     """
     from ray import tune
 
     staged = Path(tune.get_context().get_trial_dir())
     return Path(settings["storage"]) / settings["name"] / staged.name
-
-
-def read_evals(logdir: Path) -> dict[int, dict[str, float]]:
-    """eval/* scalars train.py has written to its TensorBoard events so far, by step."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    if not logdir.is_dir():
-        return {}
-    acc = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
-    acc.Reload()
-    tags = set(acc.Tags().get("scalars", []))
-    out: dict[int, dict[str, float]] = {}
-    for name in EVAL_TAGS:
-        if f"eval/{name}" in tags:
-            for event in acc.Scalars(f"eval/{name}"):
-                out.setdefault(int(event.step), {})[f"eval_{name}"] = float(event.value)
-    return {s: v for s, v in out.items() if "eval_req99" in v}
 
 
 def trial_dirname(trial: Any) -> str:
@@ -136,7 +150,7 @@ def trial_dirname(trial: Any) -> str:
 
 
 def run_trial(config: dict[str, Any], settings: dict[str, Any]) -> None:
-    """A Tune function trainable: run train.py, report each evaluation, then the summary."""
+    """A Tune function trainable: train, report each evaluation as it runs, then the summary."""
     from ray import tune
 
     trial_dir = trial_directory(settings)
@@ -146,48 +160,24 @@ def run_trial(config: dict[str, Any], settings: dict[str, Any]) -> None:
         while (trial_dir / f"train.attempt{n}").exists():
             n += 1
         (trial_dir / "train").rename(trial_dir / f"train.attempt{n}")
-    cmd = train_command(config, settings, trial_dir)
-    (trial_dir / "command.txt").write_text(shlex.join(cmd) + "\n")
+    train_config = trial_config(settings["base"], config, trial_dir)
+    (trial_dir / "command.txt").write_text(shlex.join(train_command(train_config, settings))
+                                           + "\n")
     best = float("inf")
-    reported: set[int] = set()
 
-    def report_new() -> None:
+    def report(row: dict[str, float]) -> None:
         nonlocal best
-        for step, values in sorted(read_evals(trial_dir / "train").items()):
-            if step in reported:
-                continue
-            reported.add(step)
-            best = min(best, values["eval_req99"])
-            tune.report({"timesteps": step, **values, METRIC: best})
+        best = min(best, row["req99"])
+        tune.report({"timesteps": row["timesteps"],
+                     **{f"eval_{name}": row[name] for name in EVAL_TAGS}, METRIC: best})
 
-    with (trial_dir / "train.log").open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            while proc.poll() is None:
-                time.sleep(settings["poll"])
-                report_new()
-        finally:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=30)
-    if proc.returncode != 0:
-        tail = (trial_dir / "train.log").read_text()[-2000:]
-        raise RuntimeError(f"train.py exited with status {proc.returncode}; log tail:\n{tail}")
-    report_new()
-    run = trial_dir / "train" / "run.json"
-    summary: dict[str, Any] = {}
-    if run.is_file():
-        rec = json.loads(run.read_text())
-        summary = {"final_req99": (rec.get("final_eval") or {}).get("req99"),
-                   "hexagent_req99": (rec.get("reference") or {}).get("req99"),
-                   "best_step": rec.get("best_step")}
-        if isinstance(rec.get("best_eval_req99"), int | float):
-            best = min(best, float(rec["best_eval_req99"]))
-    if best == float("inf"):
-        raise RuntimeError("train.py finished without an eval/req99 (see train.log)")
-    tune.report({"timesteps": max(reported, default=settings["total_timesteps"]),
-                 METRIC: best, "done": True,
-                 **{k: v for k, v in summary.items() if v is not None}})
+    with (trial_dir / "train.log").open("w") as log, contextlib.redirect_stdout(log), \
+            contextlib.redirect_stderr(log):
+        result = train(train_config, on_eval=report)
+        print(result.summary())
+    tune.report({"timesteps": result.final_eval["timesteps"], METRIC: result.best_req99,
+                 "done": True, "final_req99": result.req99,
+                 "hexagent_req99": result.reference["req99"], "best_step": result.best_step})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,23 +191,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from hexagent_gym.distributed import ray_session
 
-    settings = {"train_script": args.train_script.resolve(),
-                "total_timesteps": args.total_timesteps,
-                "eval_every": args.eval_every or max(1, args.total_timesteps // 2),
-                "num_workflows": args.num_workflows, "seed": args.seed, "extra": extra,
-                "poll": args.poll, "storage": str(args.logdir), "name": args.name}
-    # Check the trial command line before starting anything (train.py's own parser).
-    check = train_command({"lr": 1e-4, "n_steps": 128, "ent_coef": 0.0}, settings, Path("x"))
-    proc = subprocess.run([*check[:2], "--help"], capture_output=True, text=True, cwd=ROOT)
-    if proc.returncode != 0:
-        print(f"error: {args.train_script} --help failed:\n{proc.stderr[-2000:]}",
-              file=sys.stderr)
+    # The trials' flags go through train.py's own parser before anything starts.
+    taken = [a for a in extra if a.split("=")[0] in PER_TRIAL]
+    if taken:
+        print(f"error: each trial sets {', '.join(PER_TRIAL)} itself; drop "
+              f"{', '.join(taken)} after --", file=sys.stderr)
         return 2
-    known = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", proc.stdout))
-    unknown = [a for a in extra if a.startswith("--") and a.split("=")[0] not in known]
-    if unknown:
-        print(f"error: train.py has no flag {', '.join(unknown)}", file=sys.stderr)
+    flags = shared_flags(args, extra)
+    try:
+        base = load_train_script(args.train_script).parse_args(flags)
+    except (OSError, ImportError) as exc:
+        print(f"error: cannot load {args.train_script}: {exc}", file=sys.stderr)
         return 2
+    except SystemExit as exc:  # its parser has printed the usage error (or, -- --help, its help)
+        if exc.code:
+            print(f"error: invalid train.py flags {shlex.join(flags)}", file=sys.stderr)
+        return 2 if exc.code else 0
+    settings = {"train_script": args.train_script.resolve(), "base": base, "flags": flags,
+                "storage": str(args.logdir), "name": args.name}
 
     exp_dir = args.logdir / args.name
     trainable = tune.with_resources(tune.with_parameters(run_trial, settings=settings),

@@ -14,7 +14,7 @@ import pytest
 
 import hexagent_gym
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "train.py"
 
 
@@ -92,10 +92,29 @@ def test_imitation_from_the_lookahead_teacher(tmp_path):
 
 
 def test_load_flag_is_the_offered_load():
+    from agents.training import episode_config
+
     train = _train_module()
     args = train.parse_args(["--load", "1.3", "--cluster", "hetero-2"])
-    config, overrides = train.episode_config(args)
+    config, overrides = episode_config(args)
     assert config is None and overrides["load"] == 1.3 and overrides["cluster"] == "hetero-2"
     assert overrides["trace"] == "bfcl_v3"  # training defaults fill the rest
     with pytest.raises(SystemExit):
         train.parse_args(["--load", "model.zip"])  # a path: the error points to --load-model
+
+
+def test_flags_become_the_train_config():
+    from agents.training import TrainConfig
+
+    train = _train_module()
+    assert train.parse_args([]) == TrainConfig()  # same defaults
+    config = train.parse_args(["--eval-seeds", "5,6", "--out", "m.zip", "--n-envs", "3"])
+    assert config.eval_seeds == (5, 6) and config.out == Path("m.zip") and config.n_envs == 3
+
+
+def test_an_invalid_flag_value_is_a_usage_error_naming_the_flag(capsys):
+    train = _train_module()
+    with pytest.raises(SystemExit) as exc:
+        train.parse_args(["--batch-size", "1"])
+    assert exc.value.code == 2
+    assert "error: --batch-size must be an integer >= 2, got 1" in capsys.readouterr().err
