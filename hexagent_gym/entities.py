@@ -185,13 +185,6 @@ class PrefillInstance:
         self.queued_est = 0.0  # scheduler-visible seconds of prefill work queued (not running)
         self.load_tokens = 0  # prompt tokens queued or running (the baselines' load signal)
 
-    def free_at(self, now: float, queued: float) -> float:
-        """When a newly placed call could start here (scheduler-visible): after the running
-        prefill's estimated end and ``queued`` seconds of queued work (the instance's own
-        ``queued_est``, or less when calls being re-planned give theirs up)."""
-        end = self.run_end
-        return (end if end > now else now) + (queued if queued > 0.0 else 0.0)
-
     def pop_next(self) -> Call:
         """Remove and return the queued call with the smallest key."""
         return self.queue.pop(head_index(self.queue))
@@ -336,3 +329,13 @@ class DecodeInstance:
         ctx = self.ctx_sum + b * (self.v - 1.0) * 0.5
         self.step = self.latency.decode_step_time(b, ctx)
         return (self.batch[0][0] - self.v) * self.step
+
+
+def prefill_free_times(prefill: list[PrefillInstance], now: float,
+                       queued: list[float]) -> list[float]:
+    """When a newly placed call could start on each prefill instance (scheduler-visible): after
+    its running prefill's estimated end and ``queued[i]`` seconds of queued work (the instance's
+    ``queued_est``, or less when calls being re-planned give theirs up). The one place this is
+    computed (Ŝ snapshots and the fallback placement)."""
+    return [(end if end > now else now) + (q if q > 0.0 else 0.0)
+            for end, q in zip([inst.run_end for inst in prefill], queued, strict=True)]

@@ -9,7 +9,7 @@ import itertools
 import time
 
 from hexagent_gym.decisions import DecisionPoint, Stage
-from hexagent_gym.entities import PLANNED, UNPLANNED, Call, CallState
+from hexagent_gym.entities import PLANNED, UNPLANNED, Call, CallState, prefill_free_times
 from hexagent_gym.events import Phase
 from hexagent_gym.planner import earliest_pair, snapshot
 from hexagent_gym.prefix_cache import match_levels
@@ -161,7 +161,7 @@ class PlanFlow:
         """
         now = self.now
         self._view(call)
-        free = [inst.free_at(now, inst.queued_est) for inst in self.prefill]
+        free = prefill_free_times(self.prefill, now, [inst.queued_est for inst in self.prefill])
         dec = self.decode
 
         def slow_start(d: int, need: float, over: int) -> float:

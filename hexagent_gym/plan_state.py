@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hexagent_gym.cluster_tables import INF
+from hexagent_gym.entities import prefill_free_times
 from hexagent_gym.placement import earliest_pair
 from hexagent_gym.projections import Projections
 
@@ -245,6 +246,6 @@ def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
             tokens[d] -= c.kv_pred
             count[d] -= 1
             ctx[d] -= c.ctx_share
-    free = [inst.free_at(now, w) for inst, w in zip(prefill, work, strict=True)]
+    free = prefill_free_times(prefill, now, work)
     state = PlanState(tables, now, free, tokens, count, ctx, decode, exclude, pf_tokens)
     return state
