@@ -11,6 +11,10 @@ CORE_MODULES = [
     "hexagent_gym.workload", "hexagent_gym.arrivals", "hexagent_gym.cluster",
     "hexagent_gym.latency", "hexagent_gym.horizon", "hexagent_gym.metrics",
     "hexagent_gym.benchmark", "hexagent_gym.load", "hexagent_gym.decode_reference",
+    "hexagent_gym.engine", "hexagent_gym.instance_flow", "hexagent_gym.plan_flow",
+    "hexagent_gym.plan_state", "hexagent_gym.projections", "hexagent_gym.placement",
+    "hexagent_gym.cluster_tables", "hexagent_gym.call_batch", "hexagent_gym.workflow_parser",
+    "hexagent_gym.policy", "hexagent_gym.experiments",
 ]
 FORBIDDEN = ["gymnasium", "torch", "stable_baselines3", "sb3_contrib", "tensorboard"]
 
