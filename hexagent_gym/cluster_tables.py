@@ -58,7 +58,6 @@ class ClusterTables:
         self.spt_cls = self.s_per_token[self.pf_rep]
         self._class_sizes = [len(m) for m in self.pf_members]
         self._xcol_cache: dict[int, list[list[float]]] = {}
-        self._xrow_cache: dict[int, list[list[float]]] = {}
         width = int(self.max_batch.max()) + 2
         base = np.zeros((len(self.dec_models), width))
         slope = np.zeros((len(self.dec_models), width))
@@ -119,16 +118,6 @@ class ClusterTables:
             hit = [[self.setup_list[p][d] + input_tokens * self.spt_list[p][d]
                     for p in self.pf_rep] for d in range(self.num_decode)]
             self._xcol_cache[input_tokens] = hit
-        return hit
-
-    def transfer_rows(self, input_tokens: int) -> list[list[float]]:
-        """KV-transfer seconds per (decode instance, prefill instance) of a prompt (uncached:
-        used only for calls with cache hits)."""
-        hit = self._xrow_cache.get(input_tokens)
-        if hit is None:
-            hit = [[self.setup_list[p][d] + input_tokens * self.spt_list[p][d]
-                    for p in range(self.num_prefill)] for d in range(self.num_decode)]
-            self._xrow_cache[input_tokens] = hit
         return hit
 
     def decode_tau(self, count: np.ndarray, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

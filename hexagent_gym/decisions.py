@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 
 _WINDOW_AT_ONCE = 16  # best_pair projects the whole window up to this size, else one row
+_SCALAR_WORK = 48  # waiting calls × decode instances up to which picks run in scalar Python
 
 
 class Stage(IntEnum):
@@ -43,7 +44,7 @@ class DecisionPoint:
     """
 
     __slots__ = ("stage", "now", "calls", "state", "plan", "picked", "_delta", "_remaining",
-                 "wall_start", "_batch", "_cache_aware", "_reduced", "_min", "_last")
+                 "wall_start", "_batch", "_cache_aware", "_reduced", "_min", "_last", "_pairs")
 
     def __init__(self, stage: Stage, now: float, calls: list[Call], state: PlanState,
                  wall_start: float = 0.0) -> None:
@@ -57,6 +58,7 @@ class DecisionPoint:
         self._reduced: np.ndarray | None = None  # Δ over prefill classes (n, K, D) or rows (n, D)
         self._min: np.ndarray | None = None
         self._last: tuple[int, int, int, float] | None = None  # last best_pair under this Ŝ
+        self._pairs: dict[int, tuple[int, int, float]] = {}  # scalar best pairs under this Ŝ
         self._remaining = len(calls)
         self.wall_start = wall_start
         self._batch: CallBatch | None = None
@@ -131,6 +133,9 @@ class DecisionPoint:
         if self._min is None:
             if self._delta is not None:
                 self._min = self._delta.reshape(len(self.calls), -1).min(axis=1)
+            elif self._scalar_window():
+                self._min = np.array([self._scalar_pair(i)[2] if not picked else np.inf
+                                      for i, picked in enumerate(self.picked)])
             else:
                 reduced = self._reduced_delta()
                 best = reduced.reshape(len(self.calls), -1).min(axis=1)
@@ -150,14 +155,8 @@ class DecisionPoint:
             flat = int(np.argmin(row))
             p, d = divmod(flat, row.shape[1])
             return p, d, float(row.flat[flat])
-        if len(self.calls) == 1 and self._reduced is None:
-            # the common decision, one call: scalar Python beats numpy's per-call overhead
-            # (measured up to 64 + 64 instances)
-            call = self.calls[0]
-            if self.stage == Stage.PREFILL:
-                pair = self.state.best_prefill_pair_one(call, self._pf(call))
-            else:
-                pair = self.state.best_decode_pair_one(call)
+        if self._reduced is None and (len(self.calls) == 1 or self._scalar_window()):
+            pair = self._scalar_pair(slot)
             self._last = (slot, *pair)
             return pair
         if self._reduced is not None or len(self.calls) <= _WINDOW_AT_ONCE:
@@ -174,6 +173,24 @@ class DecisionPoint:
         else:
             pair = self.state.best_prefill_pair(batch, i, reduced[i])
         self._last = (slot, *pair)
+        return pair
+
+    def _scalar_window(self) -> bool:
+        """Whether per-call scalar Python beats the vectorised projection for this window:
+        one call at any size, or a few calls on a small cluster (numpy's fixed cost per
+        operation dominates there; measured on hetero-1)."""
+        return self._remaining * self.num_decode <= _SCALAR_WORK
+
+    def _scalar_pair(self, slot: int) -> tuple[int, int, float]:
+        """:meth:`best_pair` of one slot in scalar Python, kept until the next pick."""
+        pair = self._pairs.get(slot)
+        if pair is None:
+            call = self.calls[slot]
+            if self.stage == Stage.PREFILL:
+                pair = self.state.best_prefill_pair_one(call, self._pf(call))
+            else:
+                pair = self.state.best_decode_pair_one(call)
+            self._pairs[slot] = pair
         return pair
 
     def _pf(self, call: Call) -> list[float]:
@@ -261,6 +278,7 @@ class DecisionPoint:
         # Recomputed lazily from Ŝ. Updating only the slices Δ[:, p, :] and Δ[:, :, d] in place
         # was measured slower than the full vectorised recompute up to 32 calls on 8 + 8.
         self._delta = self._reduced = self._min = self._last = None
+        self._pairs = {}
 
 
 def earliest_finish_pick(dp: DecisionPoint) -> tuple[int, int, int]:

@@ -53,8 +53,7 @@ def earliest_pair(tables: ClusterTables, now: float, free: list[float], tokens: 
                     bp, bf = p, free[p]
             if bp >= 0:
                 cands.append((bf + pf[bp], bp))
-        rows = tables.transfer_rows(call.l_in)
-        xcols = [[row[p] for _, p in cands] for row in rows]
+        xcols = _CandidateTransfers(tables, call.l_in, [p for _, p in cands])
     top = tables.batch_top
     l_out = call.l_out_pred
     weight = l_out * call.dec_err
@@ -80,3 +79,18 @@ def earliest_pair(tables: ClusterTables, now: float, free: list[float], tokens: 
         if fin < best:
             best, best_d, best_p = fin, d, ap
     return best_p, best_d, best
+
+
+class _CandidateTransfers:
+    """``xcols[d]``: the KV-transfer seconds from each candidate prefill instance to decode
+    instance ``d``, computed on demand (no P × D table for a prompt length seen once)."""
+
+    __slots__ = ("_rows", "_l_in")
+
+    def __init__(self, tables: ClusterTables, l_in: int, cands: list[int]) -> None:
+        self._rows = [(tables.setup_list[p], tables.spt_list[p]) for p in cands]
+        self._l_in = l_in
+
+    def __getitem__(self, d: int) -> list[float]:
+        l_in = self._l_in
+        return [setup[d] + l_in * spt[d] for setup, spt in self._rows]
