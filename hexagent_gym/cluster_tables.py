@@ -71,6 +71,7 @@ class ClusterTables:
         self.dec_base_list = self.dec_base.tolist()
         self.dec_slope_list = self.dec_slope.tolist()
         self.batch_top = width - 1  # decode tables are clamped at this batch size
+        self.dec_capacity = self.capacity.tolist()
         self.dec_static = list(zip(self.capacity.tolist(), self.max_batch.tolist(),
                                    self.dec_base_list, self.dec_slope_list, strict=True))
         self._d_range = np.arange(self.num_decode)

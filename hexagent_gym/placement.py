@@ -12,6 +12,26 @@ if TYPE_CHECKING:
     from hexagent_gym.entities import Call
 
 
+def decode_terms(tables: ClusterTables, d: int, now: float, tokens: list[float],
+                 count: list[int], ctx: list[float], weight: float, own_ctx: float, kv: float,
+                 slow_start: Callable[[int, float, int], float]) -> tuple[float, float]:
+    """One call on decode instance ``d`` under Ŝ: (earliest admission time, decode time − now).
+
+    The decode time is ``weight · τ_d`` with the call joining d's committed batch at its mean
+    own context ``own_ctx``; admission waits for ``kv`` reserved tokens and a batch slot. The
+    one scalar home of this arithmetic (the fallback's rule and the scalar projections call
+    it); the same operations as the numpy projections, so the floats agree."""
+    cap, max_batch, base_row, slope_row = tables.dec_static[d]
+    n = count[d]
+    top = tables.batch_top
+    b = n + 1 if n < top else top
+    slope = slope_row[b]
+    end = weight * ((base_row[b] + slope * ctx[d]) + slope * own_ctx) - now
+    need = (kv if kv < cap else cap) - (cap - tokens[d])
+    start = now if need <= 0.0 and n < max_batch else slow_start(d, need, n - max_batch + 1)
+    return start, end
+
+
 def earliest_pair(tables: ClusterTables, now: float, free: list[float], tokens: list[float],
                   count: list[int], ctx: list[float], call: Call,
                   slow_start: Callable[[int, float, int], float]) -> tuple[int, int, float]:
@@ -54,28 +74,23 @@ def earliest_pair(tables: ClusterTables, now: float, free: list[float], tokens: 
             if bp >= 0:
                 cands.append((bf + pf[bp], bp))
         xcols = _CandidateTransfers(tables, call.l_in, [p for _, p in cands])
-    top = tables.batch_top
     l_out = call.l_out_pred
     weight = l_out * call.dec_err
     own_ctx = mean_own_context(call.l_in, l_out)
     kv_pred, kv_true = call.kv_pred, call.kv_true
+    capacity = tables.dec_capacity
     best, best_d, best_p = INF, -1, -1
-    for d, (cap, max_batch, base_row, slope_row) in enumerate(tables.dec_static):
-        if kv_true > cap:
+    for d in range(tables.num_decode):
+        if kv_true > capacity[d]:
             continue
-        n = count[d]
-        b = n + 1 if n < top else top
-        slope = slope_row[b]
-        tau = base_row[b] + slope * ctx[d]
-        dec = weight * (tau + slope * own_ctx)
-        need = (kv_pred if kv_pred < cap else cap) - (cap - tokens[d])
-        start = now if need <= 0.0 and n < max_batch else slow_start(d, need, n - max_batch + 1)
+        start, end = decode_terms(tables, d, now, tokens, count, ctx, weight, own_ctx, kv_pred,
+                                  slow_start)
         a, ap = INF, -1
         for (val, p), x in zip(cands, xcols[d], strict=True):
             x = val + x  # KV arrival on d; earliest wins, lowest prefill index on ties
             if x < a or (x == a and p < ap):
                 a, ap = x, p
-        fin = (a if a > start else start) + (dec - now)
+        fin = (a if a > start else start) + end
         if fin < best:
             best, best_d, best_p = fin, d, ap
     return best_p, best_d, best

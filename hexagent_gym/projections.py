@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hexagent_gym.cluster_tables import INF, mean_own_context
+from hexagent_gym.placement import decode_terms
 
 if TYPE_CHECKING:
     from hexagent_gym.call_batch import CallBatch
@@ -106,23 +107,18 @@ class Projections:
             ready.append(r)
         xcols = t.transfer_cols(call.l_in)
         tokens, count, ctx = self._decode_lists()
-        top = t.batch_top
         l_out = float(call.l_out_pred)
         weight = l_out * call.dec_err
         own_ctx = mean_own_context(call.l_in, l_out)
         kv = float(call.l_in + call.l_out_pred)  # as CallBatch.kv_pred
         kv_true = call.kv_true
+        capacity = t.dec_capacity
         best, cols, starts, ends = INF, [], {}, {}
-        for d, (cap, max_batch, base_row, slope_row) in enumerate(t.dec_static):
-            if kv_true > cap:
+        for d in range(t.num_decode):
+            if kv_true > capacity[d]:
                 continue
-            n = count[d]
-            b = n + 1 if n < top else top
-            slope = slope_row[b]
-            end = weight * ((base_row[b] + slope * ctx[d]) + slope * own_ctx) - now
-            need = (kv if kv < cap else cap) - (cap - tokens[d])
-            start = now if need <= 0.0 and n < max_batch else self.slow_start(
-                d, need, n - max_batch + 1)
+            start, end = decode_terms(t, d, now, tokens, count, ctx, weight, own_ctx, kv,
+                                      self.slow_start)
             x = xcols[d]
             col = INF
             for k, r in enumerate(ready):
@@ -158,22 +154,14 @@ class Projections:
         now = self.now
         p, own = call.prefill_inst, call.decode_inst
         tokens, count, ctx = self._decode_lists()
-        top = t.batch_top
         l_out = float(call.l_out_pred)
         weight = l_out * call.dec_err
         own_ctx = mean_own_context(call.l_in, l_out)
         kv = float(call.l_in + call.l_out_pred)  # as CallBatch.kv_pred
 
         def finish(d: int) -> tuple[float, float]:  # (earliest start, decode end − now) on d
-            cap, max_batch, base_row, slope_row = t.dec_static[d]
-            n = count[d]
-            b = n + 1 if n < top else top
-            slope = slope_row[b]
-            end = weight * ((base_row[b] + slope * ctx[d]) + slope * own_ctx) - now
-            need = (kv if kv < cap else cap) - (cap - tokens[d])
-            start = now if need <= 0.0 and n < max_batch else self.slow_start(
-                d, need, n - max_batch + 1)
-            return start, end
+            return decode_terms(t, d, now, tokens, count, ctx, weight, own_ctx, kv,
+                                self.slow_start)
 
         start, end = finish(own)
         best, best_d = start + end, own
@@ -182,7 +170,7 @@ class Projections:
             setup, spt, l_in, kv_true = t.setup_list[p], t.spt_list[p], call.l_in, call.kv_true
             best, best_d = INF, 0
             for d in range(t.num_decode):
-                if kv_true > t.dec_static[d][0]:
+                if kv_true > t.dec_capacity[d]:
                     continue
                 start, end = finish(d)
                 a = now if d == own else now + (setup[d] + l_in * spt[d])

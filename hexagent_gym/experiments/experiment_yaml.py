@@ -189,7 +189,8 @@ def _parse_report(data: Any, source: str, labels: Sequence[str] = ()) -> Report:
         kw["overhead"] = data["overhead"]
     if "by_size" in data:
         kw["by_size"] = data["by_size"]
-    known = policy_names() + [x for x in labels if x not in policy_names()]
+    names = policy_names()
+    known = names + [x for x in labels if x not in names]
     for p in ([kw["reference"]] if "reference" in kw else []) + list(kw.get("baselines", ())):
         if p not in known:
             raise ConfigError(f"{where}: unknown policy '{p}'; known: {', '.join(known)}."
