@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium import spaces
 from gymnasium.utils import seeding
 
 from envs.encoding import (
@@ -22,6 +23,7 @@ from envs.encoding import (
     Encoder,
     MaskedDiscrete,
 )
+from envs.render import render_ansi, step_info
 from envs.rewards import Reward, make_reward
 from envs.rollout import RolloutResult, rollout
 from hexagent_gym.config import ConfigError, suggest
@@ -50,6 +52,9 @@ class EnvOptions:
         d_max: decode instance slots (None: the cluster's count).
         max_steps: steps after which an episode is truncated (None: never).
         time_scale: seconds per unit of every time feature of the observation.
+        action_mask_in_obs: add ``obs["action_mask"]`` (``MultiBinary``, the same truth values as
+            :meth:`PDClusterEnv.action_masks`) for frameworks that read the mask from the
+            observation (RLlib, torchrl); off by default (SB3 reads the method).
     """
 
     reward: str | Reward = "tail"
@@ -59,6 +64,7 @@ class EnvOptions:
     d_max: int | None = None
     max_steps: int | None = None
     time_scale: float = 10.0
+    action_mask_in_obs: bool = False
 
     def __post_init__(self) -> None:
         src = "env config"
@@ -72,6 +78,9 @@ class EnvOptions:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
                 raise ConfigError(f"{src}: {name} must be a number > 0, got {v!r}")
+        if not isinstance(self.action_mask_in_obs, bool):
+            raise ConfigError(f"{src}: action_mask_in_obs must be true or false, got "
+                              f"{self.action_mask_in_obs!r}")
         for name in ("p_max", "d_max", "max_steps"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
@@ -196,8 +205,15 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
     empty and no action is valid. ``truncated`` after ``max_steps`` steps (if set). The info of
     the final step carries episode statistics: ``req95``, ``req99``, ``attainment`` (at α),
     ``mean_ratio``, ``num_workflows``, ``num_finished``, ``sim_seconds`` (on truncation over the
-    workflows finished so far), ``episode_return`` and ``episode_seed``. Other steps return an
-    empty info; ``reset`` returns ``{"episode_seed": ...}``.
+    workflows finished so far), ``episode_return`` and ``episode_seed``. Every step's and reset's
+    info carries the scalars of ``envs.render.STEP_INFO_KEYS``: ``sim_time``, ``waiting_prefill``,
+    ``waiting_decode``, ``running_prefill``, ``running_decode``, ``workflows_arrived`` and
+    ``workflows_finished``; ``reset`` adds ``episode_seed``.
+
+    ## Rendering
+
+    ``render_mode="ansi"``: :meth:`render` returns one screen of text (clock, the window's calls
+    with their best Δ and risk, every instance's queue, Ŝ free time, batch and KV).
 
     ## Arguments
 
@@ -207,20 +223,25 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
     ``cluster``, ``trace``, ``num_workflows``, ``arrival_rate``, ``load``, ``seed``,
     ``estimation_error``, ``planning_latency``, ``max_calls_per_decision`` (K, default 16 here).
     Env keys (:class:`EnvOptions`): ``reward``, ``reward_kwargs``, ``target_alpha``, ``p_max``,
-    ``d_max``, ``max_steps``, ``time_scale``. Unknown keys raise ``ConfigError``; the evaluation
-    keys of an experiment file (``name``, ``description``, ``grid``, ``report``) are ignored.
+    ``d_max``, ``max_steps``, ``time_scale``, ``action_mask_in_obs`` (adds
+    ``obs["action_mask"]``, ``MultiBinary(K · P_max · D_max)``). Unknown keys raise
+    ``ConfigError``; the evaluation keys of an experiment file (``name``, ``description``,
+    ``grid``, ``report``) are ignored.
 
     ## Version History
 
-    - v0: initial version.
+    - v0: initial version. Later additions kept v0 (defaults unchanged): the ``cached`` key,
+      ``action_mask_in_obs``, per-step info and the ``ansi`` render.
     """
 
-    metadata = {"render_modes": []}
+    # render_fps only paces tools that play frames back (e.g. a text recorder); ansi ignores it
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}
 
     def __init__(self, config: str | Path | Mapping[str, Any] | None = None, *,
                  render_mode: str | None = None, **overrides: Any) -> None:
-        if render_mode is not None:
-            raise ConfigError(f"PDClusterEnv has no render modes, got render_mode={render_mode!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ConfigError(f"PDClusterEnv: unknown render_mode={render_mode!r}; valid: "
+                              f"{', '.join(self.metadata['render_modes'])} or None")
         episode, extra, source = load_config(config, **overrides)
         # an evaluation experiment (configs/experiments) works as a config too: its grid and
         # report describe the evaluation, only its top-level episode keys set the episode
@@ -248,9 +269,15 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         else:
             self.reward_fn = opts.reward
         self.encoder = Encoder(cluster, self.factory.tables, k, p_max, d_max, opts.time_scale)
-        self.observation_space = self.encoder.observation_space
+        self._mask_in_obs = opts.action_mask_in_obs
+        if self._mask_in_obs:
+            self.observation_space = spaces.Dict({
+                **self.encoder.observation_space.spaces,
+                "action_mask": spaces.MultiBinary(self.encoder.num_actions)})
+        else:
+            self.observation_space = self.encoder.observation_space
         self.action_space = MaskedDiscrete(self.encoder.num_actions, self.action_masks)
-        self.render_mode = None
+        self.render_mode = render_mode
         self.default_seed = self.config.seed
         self._sim: Simulator | None = None
         self._dp: DecisionPoint | None = None
@@ -261,6 +288,7 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         self._return = 0.0
         self._episode_seed: int | None = None
         self._step_cap = opts.max_steps
+        self._info: dict[str, Any] = {}  # per-step info, refreshed when the simulator advances
 
     # -- Gymnasium API ----------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None,
@@ -271,7 +299,7 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         super().reset(seed=seed)
         episode_seed = int(self.np_random.integers(2**31))
         obs = self._start(episode_seed)
-        return obs, {"episode_seed": episode_seed}
+        return obs, {**self._info, "episode_seed": episode_seed}
 
     def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict]:
         dp = self._dp
@@ -291,6 +319,7 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
                           for w in finished[self._n_finished:]]
                 self._n_finished = len(finished)
                 reward += self.reward_fn.completions(ratios)
+            self._info = step_info(sim)
             if nxt is None:
                 terminated = True
                 self._dp = None
@@ -302,16 +331,27 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
                 obs, self._mask = self.encoder.observe()
         else:
             obs, self._mask = self.encoder.observe()
+        if self._mask_in_obs:
+            obs["action_mask"] = self._mask.astype(np.int8)
         reward = float(reward)
         self._return += reward
         truncated = (not terminated and self._step_cap is not None
                      and self._steps >= self._step_cap)
-        info = self._final_info() if terminated or truncated else {}
+        info = dict(self._info)
+        if terminated or truncated:
+            info.update(self._final_info())
         return obs, reward, terminated, truncated, info
 
     def action_masks(self) -> np.ndarray:
         """Joint validity mask of the actions at the current step (bool, K·P_max·D_max)."""
         return self._mask.copy()
+
+    def render(self) -> str | None:
+        """``render_mode="ansi"``: a one-screen text picture of the cluster at the current step
+        (the window's calls, every instance's queue, Ŝ and KV); None without a render mode."""
+        if self.render_mode is None:
+            return None
+        return render_ansi(self)
 
     # -- helpers --------------------------------------------------------------------------------
     @property
@@ -373,8 +413,11 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         dp = sim.run_until_decision()
         assert dp is not None, "an episode with workflows opens at least one decision point"
         self._dp = dp
+        self._info = step_info(sim)
         self.encoder.begin(sim, dp, self._num_workflows)
         obs, self._mask = self.encoder.observe()
+        if self._mask_in_obs:
+            obs["action_mask"] = self._mask.astype(np.int8)
         return obs
 
     def _pick(self, action: Any, dp: DecisionPoint) -> tuple[int, int, int]:

@@ -24,6 +24,7 @@ from envs.encoding import (
     MaskedDiscrete,
 )
 from envs.pd_cluster_env import CONFIG_KEYS, PDClusterEnv, make_env_fn
+from envs.render import STEP_INFO_KEYS
 from envs.rewards import make_reward, reward_names
 from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.config import ConfigError
@@ -191,7 +192,8 @@ def test_observations_stay_in_bounds_and_are_fresh_over_a_whole_episode(env):
         prev = obs
         if terminated:
             break
-        assert info == {} and not truncated
+        assert set(info) == set(STEP_INFO_KEYS) and not truncated
+        assert info["sim_time"] == env.simulator.now
     assert steps == env.simulator.decisions_made
     assert not env.action_masks().any()  # nothing valid after the drain
     assert np.all(obs["calls"] == 0.0) and np.all(obs["delta"] == -1.0)
@@ -288,7 +290,7 @@ def test_reset_seeding_follows_gymnasium_and_defaults_to_the_config_seed():
     assert again["episode_seed"] != first["episode_seed"]
     _, s1 = env.reset(seed=42)
     _, s2 = env.reset(seed=42)
-    assert s1 == s2 == {"episode_seed": env.episode_seed_for(42)}
+    assert s1 == s2 and s1["episode_seed"] == env.episode_seed_for(42)
 
 
 # -- rewards and episode ends --------------------------------------------------------------------
@@ -366,8 +368,10 @@ def test_config_errors_name_the_problem():
         hexagent_gym.make(**TINY, max_steps=0)
     with pytest.raises(ConfigError, match="num_workflows"):
         hexagent_gym.make(**TINY | {"num_workflows": 0})
-    with pytest.raises(ConfigError, match="no render modes"):
+    with pytest.raises(ConfigError, match="unknown render_mode='human'; valid: ansi"):
         PDClusterEnv(render_mode="human", **TINY)
+    with pytest.raises(ConfigError, match="action_mask_in_obs must be true or false"):
+        hexagent_gym.make(**TINY, action_mask_in_obs="yes")
     assert {"cluster", "trace", "num_workflows", "arrival_rate", "load", "seed",
             "estimation_error", "reward", "max_calls_per_decision", "p_max", "d_max",
             "max_steps", "time_scale", "target_alpha"} <= set(CONFIG_KEYS)
