@@ -12,6 +12,8 @@ from hexagent_gym.policy import register_model_loader, register_policy
 BUILTIN_POLICIES = {
     "hexagent": "agents.hexagent:HexAgentPolicy",
     "hexagent-lookahead": "agents.lookahead:HexAgentLookahead",  # one-step lookahead teacher
+    "hexagent-search": "agents.search:HexAgentSearch",  # rollout search, scheduler's knowledge
+    "hexagent-search-oracle": "agents.search:HexAgentSearchOracle",  # ... true future: a bound
     "hexagent-nocache": "agents.hexagent:HexAgentNoCache",  # plans with no-cache prefill times
     "hexagent-lb": "agents.ablation:HexAgentLoadBalanced",  # risk order, load-balanced placement
     "fcfs": "agents.baselines:CallFCFS",

@@ -351,7 +351,7 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         (the window's calls, every instance's queue, Ŝ and KV); None without a render mode."""
         if self.render_mode is None:
             return None
-        return render_ansi(self)
+        return render_ansi(self._sim, self._dp, self._num_workflows, self._steps)
 
     # -- helpers --------------------------------------------------------------------------------
     @property

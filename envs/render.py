@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from hexagent_gym.decisions import Stage
 
 if TYPE_CHECKING:
-    from envs.pd_cluster_env import PDClusterEnv
+    from hexagent_gym.decisions import DecisionPoint
     from hexagent_gym.simulator import Simulator
 
 STEP_INFO_KEYS = ("sim_time", "waiting_prefill", "waiting_decode", "running_prefill",
@@ -46,18 +46,21 @@ def _seconds(x: float) -> str:
     return "never" if not math.isfinite(x) else f"{x:7.2f}s"
 
 
-def render_ansi(env: PDClusterEnv) -> str:
+def render_ansi(sim: Simulator | None, dp: DecisionPoint | None, num_workflows: int,
+                steps: int) -> str:
     """One screen of text: clock and counters, the open window (each call's best projected
-    completion Δ and HexAgent's risk), then every instance with its queue, Ŝ and KV."""
-    sim, dp = env.simulator, env.decision_point
+    completion Δ and HexAgent's risk), then every instance with its queue, Ŝ and KV.
+
+    ``sim`` is the env's simulator (None before the first reset), ``dp`` its open decision point
+    (None once the episode drained), ``steps`` the env steps taken this episode."""
     if sim is None:
         return "PDClusterEnv: not started (call reset())\n"
     info = step_info(sim)
     lines = [
         f"t={info['sim_time']:.2f}s  workflows {info['workflows_finished']}/"
-        f"{info['workflows_arrived']} finished/arrived of {env._num_workflows}  "
+        f"{info['workflows_arrived']} finished/arrived of {num_workflows}  "
         f"waiting P{info['waiting_prefill']} D{info['waiting_decode']}  "
-        f"running P{info['running_prefill']} D{info['running_decode']}  step {env._steps}",
+        f"running P{info['running_prefill']} D{info['running_decode']}  step {steps}",
     ]
     if dp is None:
         lines.append("episode drained: no decision open")

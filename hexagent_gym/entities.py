@@ -6,6 +6,7 @@ are no properties or validation layers on the hot path; invariants are asserted 
 
 from __future__ import annotations
 
+import copy
 import heapq
 import math
 from enum import IntEnum
@@ -111,12 +112,29 @@ class Call:
         return (f"Call({self.workflow.spec.workflow_id}#{self.spec.id}, {self.state.name}, "
                 f"in={self.l_in}, out={self.l_out})")
 
+    def __deepcopy__(self, memo: dict) -> Call:
+        # A simulator fork (hexagent_gym.fork) copies thousands of calls: copy the two slots that
+        # point into the episode's mutable graph, share the rest. Every other slot holds a number,
+        # an enum, a tuple, the immutable spec, or a list that the engine replaces and never
+        # mutates in place (pf_true, pf_est, pf_cls, pf_cold, cached) - keep it that way.
+        new = Call.__new__(Call)
+        memo[id(self)] = new
+        for name in _CALL_SHARED_SLOTS:
+            setattr(new, name, getattr(self, name))
+        new.workflow = copy.deepcopy(self.workflow, memo)
+        lead = self.lead
+        new.lead = None if lead is None else copy.deepcopy(lead, memo)
+        return new
+
 
     @property
     def ctx_share(self) -> float:
         """What this call adds to its decode instance's scheduled context Σ(L_in + L̂_out/2)
         (the one place this sum's term is written: reservations, releases and Ŝ use it)."""
         return self.l_in + 0.5 * self.l_out_pred
+
+
+_CALL_SHARED_SLOTS = tuple(n for n in Call.__slots__ if n not in ("workflow", "lead"))
 
 
 class Workflow:

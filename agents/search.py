@@ -1,0 +1,224 @@
+"""HexAgent with rollout search: how far is the greedy from the best schedule it could reach?
+
+At each pick, :class:`HexAgentSearch` takes HexAgent's own pick and the next ``k − 1``
+alternatives in HexAgent's preference order (alternately: the next-riskiest call at its argmin
+pair, and HexAgent's call at its next-best pair), forks the simulator
+(:func:`hexagent_gym.fork.fork`) once per candidate, applies the candidate and continues the
+fork under plain HexAgent, then keeps the candidate whose rollout scores best: the smallest
+(Req99, mean ratio) over the scored workflows, ties to the earlier candidate, so HexAgent's pick
+stays unless another one is strictly better. ``k = 1`` is exactly HexAgent.
+
+Two variants (``docs/learned.md`` reports both next to HexAgent):
+
+- ``hexagent-search-oracle`` (``oracle=True``): the fork is the true future (arrivals yet to
+  come, hidden calls, true output lengths) and ratios use the true standalone times H_w. An upper
+  bound on what a better pick order and placement can achieve: not implementable.
+- ``hexagent-search`` (``oracle=False``): the fork knows only what a scheduler could: no future
+  arrivals (the workload is cut at the workflows already arrived), predicted output lengths in
+  place of the true ones for every call not yet decoding, and ratios against the scheduler's
+  running horizon H_w(t) at the workflow's finish. It still unfolds each arrived workflow's
+  remaining calls as they truly are (it assumes the workflow's DAG template is known, as for a
+  templated agent) and keeps a decoding call's true length; both are stated departures.
+
+``horizon="arrived"`` (the default) ends a rollout when every workflow that had arrived at the
+fork has finished and scores those; ``horizon="episode"`` runs the oracle to the end of the
+episode and scores every workflow. Decisions with more than ``one_pass_threshold`` waiting calls
+keep HexAgent's one-pass rule. Cost: k forks and rollouts per pick (seconds per pick on
+hundreds of workflows); this is a bound and a teacher, not a production scheduler.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from agents.hexagent import HexAgentPolicy, projected_risk
+from hexagent_gym.arrivals import EpisodeWorkload
+from hexagent_gym.decisions import DecisionPoint, Stage
+from hexagent_gym.entities import CallState
+from hexagent_gym.events import Phase
+from hexagent_gym.fork import fork, pending_decision, shared_objects
+from hexagent_gym.metrics import req, slo_ratio
+
+HORIZONS = ("arrived", "episode")
+# calls whose output length the implementable variant replaces by its prediction: not decoding yet
+_NOT_DECODING = (CallState.HIDDEN, CallState.WAITING_PREFILL, CallState.PREFILL,
+                 CallState.TRANSFER, CallState.WAITING_DECODE)
+
+
+class HexAgentSearch(HexAgentPolicy):
+    """Rollout search over HexAgent's top-``k`` candidate picks (see the module docstring).
+
+    Args:
+        k: candidates per pick (>= 1; 1 is HexAgent).
+        oracle: roll out the true future (upper bound) instead of the scheduler's knowledge.
+        horizon: ``"arrived"`` or ``"episode"`` (the latter only with ``oracle=True``: without
+            future arrivals the episode ends with the arrived workflows).
+        one_pass_threshold: as for :class:`~agents.hexagent.HexAgentPolicy`.
+    """
+
+    name = "hexagent-search"
+
+    def __init__(self, k: int = 4, oracle: bool = False, horizon: str = "arrived",
+                 one_pass_threshold: int = 32) -> None:
+        super().__init__(one_pass_threshold)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be an integer >= 1, got {k!r}")
+        if horizon not in HORIZONS:
+            raise ValueError(f"horizon must be one of {', '.join(HORIZONS)}, got {horizon!r}")
+        if horizon == "episode" and not oracle:
+            raise ValueError("horizon='episode' needs oracle=True: the implementable search "
+                             "knows no future arrivals, so its rollouts end with the arrived "
+                             "workflows (use horizon='arrived')")
+        self.k = k
+        self.oracle = bool(oracle)
+        self.horizon = horizon
+        if self.oracle:
+            self.name = "hexagent-search-oracle"
+        self._sim = None
+        self._shared: dict | None = None
+        self.rollouts = 0  # rollouts run this episode (cost accounting)
+        self.changed = 0  # picks where a candidate other than HexAgent's won
+
+    def reset(self, sim) -> None:
+        super().reset(sim)
+        self._sim = sim
+        self._shared = shared_objects(sim)
+        self.rollouts = self.changed = 0
+
+    def pick(self, dp: DecisionPoint) -> tuple[int, int, int]:
+        own = super().pick(dp)
+        if self.k == 1 or len(dp.calls) > self.one_pass_threshold or self._sim is None:
+            return own
+        cands = self.candidates(dp, own)
+        if len(cands) == 1:
+            return own
+        best, best_score = own, self._score(cands[0])
+        for cand in cands[1:]:
+            score = self._score(cand)
+            if score < best_score:  # strict: ties keep the earlier (HexAgent-preferred) one
+                best, best_score = cand, score
+        if best != own:
+            self.changed += 1
+        return best
+
+    def candidates(self, dp: DecisionPoint,
+                   own: tuple[int, int, int]) -> list[tuple[int, int, int]]:
+        """HexAgent's pick, then alternately the next-riskiest call at its argmin pair and
+        HexAgent's call at its next-best pair (none at the decode stage), up to ``k``."""
+        slot0 = own[0]
+        risk = projected_risk(dp)
+        others = [int(s) for s in np.argsort(-risk, kind="stable")
+                  if s != slot0 and math.isfinite(risk[s])]
+        pairs: list[tuple[int, int]] = []
+        if dp.stage == Stage.PREFILL:
+            row = dp.delta_row(slot0)
+            flat = np.argsort(row, axis=None, kind="stable")
+            D = row.shape[1]
+            pairs = [(int(i) // D, int(i) % D) for i in flat[:self.k]
+                     if math.isfinite(row.flat[i])]
+            pairs = [pd for pd in pairs if pd != own[1:]]
+        out = [own]
+        alt_slots, alt_pairs = iter(others), iter(pairs)
+        while len(out) < self.k:
+            added = False
+            for source in (alt_slots, alt_pairs):
+                nxt = next(source, None)
+                if nxt is None or len(out) == self.k:
+                    continue
+                added = True
+                if isinstance(nxt, int):
+                    out.append((nxt, *dp.best_pair(nxt)[:2]))
+                else:
+                    out.append((slot0, *nxt))
+            if not added:
+                break
+        return out
+
+    # -- rollouts -------------------------------------------------------------------------------
+    def _score(self, cand: tuple[int, int, int]) -> tuple[float, float]:
+        self.rollouts += 1
+        (sim,) = fork(self._sim, shared=self._shared)
+        if not self.oracle:
+            known_only(sim)
+        scored = len(sim.workflows) if self.horizon == "arrived" else None
+        dp = pending_decision(sim)
+        dp.pick(*cand)
+        policy = HexAgentPolicy(self.one_pass_threshold, self.cache_aware)
+        policy.reset(sim)
+        done = _Finished(sim, scored)
+        while True:
+            while not dp.done:
+                dp.pick(*policy.pick(dp))
+            if done.all():
+                break
+            dp = sim.run_until_decision()
+            if dp is None:
+                break
+        wfs = sim.workflows if scored is None else sim.workflows[:scored]
+        if self.oracle:
+            ratios = np.array([slo_ratio(w.arrival, w.finish_t, w.horizon) for w in wfs])
+        else:
+            ratios = np.array([(w.finish_t - w.arrival) / w.h_est for w in wfs])
+        return req(ratios, 0.99), float(ratios.mean())
+
+    def __repr__(self) -> str:
+        return (f"HexAgentSearch(k={self.k}, oracle={self.oracle}, horizon={self.horizon!r}, "
+                f"one_pass_threshold={self.one_pass_threshold})")
+
+
+class HexAgentSearchOracle(HexAgentSearch):
+    """``hexagent-search-oracle``: :class:`HexAgentSearch` rolling out the true future."""
+
+    def __init__(self, k: int = 4, horizon: str = "arrived", one_pass_threshold: int = 32) -> None:
+        super().__init__(k, oracle=True, horizon=horizon, one_pass_threshold=one_pass_threshold)
+
+
+class _Finished:
+    """Whether every scored workflow (the first ``scored`` to arrive; None: the episode runs
+    to its end) has finished, counted incrementally from the simulator's finish list."""
+
+    def __init__(self, sim, scored: int | None) -> None:
+        self.sim, self.scored = sim, scored
+        self.seen = len(sim.finished)
+        self.count = sum(1 for w in sim.finished if scored is not None and w.uid < scored)
+
+    def all(self) -> bool:
+        if self.scored is None:
+            return False
+        finished = self.sim.finished
+        for w in finished[self.seen:]:
+            if w.uid < self.scored:
+                self.count += 1
+        self.seen = len(finished)
+        return self.count == self.scored
+
+
+def known_only(sim) -> None:
+    """Cut a fork down to what its scheduler knows: no workflow arrives after now, and every call
+    not decoding yet has its predicted output length as its true one (KV demand adjusted).
+
+    Sample-group leaders keep their group's true demand (a group's KV is the sum over its
+    members; the predictor gives the leader's own length only).
+    """
+    arrived = len(sim.workflows)
+    w = sim.workload
+    sim.workload = EpisodeWorkload(w.workflows[:arrived], w.arrivals[:arrived],
+                                   w.trace_indices[:arrived])
+    heap = sim.events.heap
+    kept = [e for e in heap if e[1] != Phase.ARRIVAL]
+    if len(kept) != len(heap):
+        heap[:] = kept
+        heapq.heapify(heap)
+    sim._next_arrival = arrived
+    for wf in sim.workflows:
+        for c in wf.calls:
+            if (c.state in _NOT_DECODING and c.generated == 0 and c.width == 1
+                    and c.lead is None and c.l_out != c.l_out_pred):
+                c.kv_true += c.l_out_pred - c.l_out
+                c.l_out = c.l_out_pred
+
+
+__all__ = ["HexAgentSearch", "HexAgentSearchOracle", "known_only"]

@@ -1,0 +1,84 @@
+"""Exact copies of a running simulator: the seam for search policies and what-if questions.
+
+A fork is a deep copy of the episode's mutable state (clock, event heap, instances, queues,
+calls, workflows, prefix caches, the open decision point and its Ŝ, counters, random
+generators) that shares everything the episode never mutates (cluster, tables, workload and call
+specs, latency models, the length predictor, the standalone-horizon cache, the drawn estimation
+errors and predictions). Continued with the same picks, a fork produces exactly the original's
+events and results (tested), and nothing done to a fork reaches the original.
+
+Wall-clock fields (``scheduler_seconds``, ``wall_seconds``, invocation times) are copied as they
+are and then keep counting in each copy separately; with ``planning_latency="measured"`` the
+plan landing times depend on wall time, so such runs are not reproducible to begin with.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hexagent_gym.decisions import DecisionPoint
+    from hexagent_gym.engine import Engine
+
+_COUNT = re.compile(r"count\((-?\d+)\)")
+
+
+def shared_objects(sim: Engine) -> dict[int, Any]:
+    """The deepcopy memo of what every fork of ``sim`` shares with it (read-only state).
+
+    Build it once per episode and pass it to :func:`fork`; it stays valid for the episode
+    because these objects are never replaced or mutated after construction.
+    """
+    keep: list[Any] = [sim.cluster, sim.tables, sim.workload, sim.horizons, sim.predictor,
+                       getattr(sim, "_err", None), getattr(sim, "_pred", None),
+                       getattr(sim, "_call_offset", None)]
+    keep += [inst.latency for inst in sim.prefill]
+    keep += [inst.latency for inst in sim.decode]
+    for spec in sim.workload.workflows:
+        keep.append(spec)
+        keep.extend(spec.calls)
+    return {id(obj): obj for obj in keep if obj is not None}
+
+
+def _counter_copies(sim: Engine) -> dict[int, Any]:
+    """Fresh ``itertools.count`` objects at each counter's next value: read from the repr so the
+    original's counters are not advanced (and deepcopy support of itertools is not relied on)."""
+    out = {}
+    for value in [*vars(sim).values(), sim.events._seq]:
+        if isinstance(value, itertools.count):
+            m = _COUNT.fullmatch(repr(value))
+            if m is None:  # a count with a step: never built by the engine
+                raise TypeError(f"cannot fork a simulator holding {value!r}")
+            out[id(value)] = itertools.count(int(m.group(1)))
+    return out
+
+
+def fork(sim: Engine, *bound: Any, shared: dict[int, Any] | None = None) -> tuple[Any, ...]:
+    """Copy ``sim`` and the objects ``bound`` to it, keeping their references to each other.
+
+    Args:
+        sim: the simulator (between events; a decision point may be open, with picks made).
+        bound: objects holding references into the episode that must follow the copy, e.g. a
+            policy with per-decision state (its reference to the open decision point then points
+            at the copy's).
+        shared: the memo of :func:`shared_objects` (built here when None).
+
+    Returns:
+        ``(sim_copy, *bound_copies)``; :func:`pending_decision` of the copy is the copy of the
+        open decision point (None if none is open).
+    """
+    memo = dict(shared if shared is not None else shared_objects(sim))
+    memo.update(_counter_copies(sim))
+    return copy.deepcopy((sim, *bound), memo)
+
+
+def pending_decision(sim: Engine) -> DecisionPoint | None:
+    """The decision point ``sim`` has open (returned by its last ``run_until_decision``), or
+    None; on a fork, the copy of the original's open decision with its picks so far."""
+    return sim._pending
+
+
+__all__ = ["fork", "pending_decision", "shared_objects"]
