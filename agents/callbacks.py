@@ -154,6 +154,7 @@ class RolloutEvalCallback(BaseCallback):
         self.best_req99 = math.inf
         self.best_step = -1
         self._last_eval = -1
+        self._evaluated_updates = -1  # the model's PPO update count at the last evaluation
 
     # -- hooks ----------------------------------------------------------------------------------
     def _on_training_start(self) -> None:
@@ -171,7 +172,11 @@ class RolloutEvalCallback(BaseCallback):
         return True
 
     def _on_training_end(self) -> None:
-        if self._last_eval != self.num_timesteps:
+        # An evaluation triggered by the last rollout's final step ran before that rollout's
+        # PPO update: evaluate again whenever the weights changed since, so the final evaluation
+        # is always the saved model's.
+        if (self._last_eval != self.num_timesteps
+                or getattr(self.model, "_n_updates", -1) != self._evaluated_updates):
             self._evaluate()
 
     # -- work -----------------------------------------------------------------------------------
@@ -200,6 +205,7 @@ class RolloutEvalCallback(BaseCallback):
 
     def _evaluate(self) -> None:
         self._last_eval = self.num_timesteps
+        self._evaluated_updates = getattr(self.model, "_n_updates", -1)
         stats, ratios = self.evaluate_model()
         for key, value in stats.items():
             self.logger.record(f"eval/{key}", value)

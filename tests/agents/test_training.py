@@ -95,6 +95,19 @@ def test_saved_models_reproduce_their_evaluations(tiny):
     assert best["req99"] == result.best_req99
 
 
+def test_final_evaluation_follows_the_last_update(tmp_path):
+    """An evaluation due on the last rollout's final step runs before that rollout's PPO update;
+    training end then evaluates again, so the final evaluation is the saved model's."""
+    config = TrainConfig(policy="mlp", lr=1e-3, ent_coef=0.01, logdir=tmp_path,
+                         **(TINY | {"eval_every": 64}))
+    result = train(config)
+    steps = [row["timesteps"] for row in result.history]
+    assert steps == [0, 64, 128, 128]  # the last two: before and after the final update
+    keys = ("req95", "req99", "mean_ratio", "attainment@1.5", "reward")
+    final = _fresh_eval(result.config, result.model_path)
+    assert {k: final[k] for k in keys} == {k: result.final_eval[k] for k in keys}
+
+
 def test_warm_start_clones_the_teacher():
     env = PDClusterEnv(None, cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=6, load=1.5)
     th.manual_seed(0)
