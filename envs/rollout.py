@@ -48,6 +48,39 @@ class RolloutResult:
             raise AttributeError(name)
         return getattr(self.episode, name)
 
+    def save_timeline(self, path: str | Path, workflow: int | str | None = None,
+                      window: tuple[float, float] | None = None) -> tuple[Path, Path]:
+        """Write the episode's timeline: the Chrome/Perfetto trace JSON to ``path`` and the Gantt
+        PNG next to it (``path`` with the suffix ``.png``); docs/timelines.md.
+
+        Args:
+            path: the trace JSON to write (parents created); its PNG gets the same stem.
+            workflow, window: the Gantt's highlighted workflow and time window
+                (:meth:`~hexagent_gym.timeline.Timeline.save_gantt`; None: the worst workflow's
+                lifetime).
+
+        Returns:
+            (trace JSON path, PNG path).
+
+        Raises:
+            ValueError: the episode ran without ``record_timeline=True``, or ``path`` ends in
+                ``.png`` (it names the JSON), or a bad ``workflow``/``window``.
+        """
+        timeline = self.episode.timeline
+        if timeline is None:
+            raise ValueError("this episode was run without a timeline: build the env with "
+                             "record_timeline=True (hexagent_gym.make(..., "
+                             "record_timeline=True), or `record_timeline: true` in its "
+                             "experiment YAML) and roll out again")
+        path = Path(path)
+        if path.suffix.lower() == ".png":
+            raise ValueError(f"{path} names the trace JSON, and its Gantt PNG goes next to it "
+                             "with the suffix .png; give a .json path")
+        png = path.with_suffix(".png")
+        timeline.save_chrome_trace(path)
+        timeline.save_gantt(png, workflow=workflow, window=window)
+        return path, png
+
     def to_dict(self, include_records: bool = False) -> dict[str, Any]:
         """JSON-ready summary (the EpisodeResult's, plus seeds, return and steps)."""
         out = self.episode.to_dict(include_records=include_records)

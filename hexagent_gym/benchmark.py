@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 
@@ -9,9 +10,11 @@ import numpy as np
 
 from hexagent_gym.arrivals import sample_episode
 from hexagent_gym.cluster import load_cluster
+from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.horizon import HorizonCache
 from hexagent_gym.load import rate_for_load
 from hexagent_gym.planner import ClusterTables
+from hexagent_gym.policy import make_policy, run_policy
 from hexagent_gym.simulator import Simulator
 from hexagent_gym.workload import load_trace
 
@@ -57,3 +60,51 @@ def bench_core(trace: str = "bfcl_v3", cluster: str = "hetero-1", num_workflows:
     n = result.num_calls
     return CoreBench(trace, cluster, num_workflows, n, rate, 1e6 * min(warm) / n,
                      1e6 * min(cold) / n, result.req99, prefix_cache, result.prefix_hit_rate)
+
+
+@dataclass(frozen=True)
+class TimelineBench:
+    """Wall time per simulated call of one policy's rollout with ``record_timeline`` off and on
+    (best of ``repeat`` runs each, horizons cached), and the cost of exporting the trace."""
+
+    policy: str
+    trace: str
+    cluster: str
+    num_workflows: int
+    num_calls: int
+    us_per_call_off: float
+    us_per_call_on: float  # recording, and building EpisodeResult.timeline at the end
+    spans: int
+    export_ms: float  # Timeline.to_chrome_trace() and json.dumps of it
+
+    @property
+    def overhead_pct(self) -> float:
+        """How much slower the rollout is with recording on, in percent."""
+        return 100.0 * (self.us_per_call_on / self.us_per_call_off - 1.0)
+
+
+def bench_timeline(policy: str = "hexagent", trace: str = "bfcl_v3", cluster: str = "hetero-1",
+                   num_workflows: int = 400, load: float = 0.8, seed: int = 0,
+                   repeat: int = 3) -> TimelineBench:
+    """Time whole rollouts of ``policy`` with timeline recording off and on, alternating (so
+    that drift in the machine's speed hits both alike), after one warm-up rollout that fills the
+    standalone-horizon cache they share."""
+    factory = EpisodeFactory(EpisodeConfig(cluster=cluster, trace=trace,
+                                           num_workflows=num_workflows, load=load, seed=seed))
+    run_policy(factory.simulator(), make_policy(policy))
+    best = {False: float("inf"), True: float("inf")}
+    result = None
+    for _ in range(repeat):
+        for record in (False, True):
+            sim = factory.simulator(record_timeline=record)
+            pick = make_policy(policy)
+            t0 = time.perf_counter()
+            result = run_policy(sim, pick)
+            best[record] = min(best[record], time.perf_counter() - t0)
+    timeline = result.timeline
+    t0 = time.perf_counter()
+    json.dumps(timeline.to_chrome_trace())
+    export = time.perf_counter() - t0
+    n = result.num_calls
+    return TimelineBench(policy, trace, cluster, num_workflows, n, 1e6 * best[False] / n,
+                         1e6 * best[True] / n, len(timeline), 1e3 * export)

@@ -40,6 +40,7 @@ from hexagent_gym.plan_flow import PlanFlow
 from hexagent_gym.planner import ClusterTables
 from hexagent_gym.predictors import predictor_from_config
 from hexagent_gym.serving import build_caches, check_group_width, form_group, workload_block_tokens
+from hexagent_gym.timeline import build_timeline
 from hexagent_gym.workload import check_kv_demand
 
 if TYPE_CHECKING:
@@ -55,6 +56,13 @@ class Engine(InstanceFlow, PlanFlow):
     Takes the arguments of :class:`hexagent_gym.simulator.Simulator` except
     ``compute_horizons``; ``horizons`` is any object with ``get(spec) -> seconds`` (None: every
     ratio is 1, as in the standalone runs that compute horizons).
+
+    With ``record_timeline=True`` the handlers append one tuple per interval (prefill, KV
+    transfer, decode-queue wait, recompute, decode) to ``_spans`` as events happen, and
+    :meth:`result` returns them as ``EpisodeResult.timeline``
+    (:class:`~hexagent_gym.timeline.Timeline`). Recording only reads the state it records, so
+    every decision and time is the same with it on or off; off, ``_spans`` is None and each
+    recording site costs one ``is not None`` test.
     """
 
     def __init__(self, cluster: ClusterSpec, workload: EpisodeWorkload, *,
@@ -65,7 +73,8 @@ class Engine(InstanceFlow, PlanFlow):
                  prefix_cache: bool = True, prefix_cache_tokens: float | None = None,
                  parallel_sampling: bool = True, length_predictor: Any = "oracle",
                  length_predictor_params: Mapping[str, Any] | None = None,
-                 decode_admission: str = "predicted", free_decode_calls: bool = True) -> None:
+                 decode_admission: str = "predicted", free_decode_calls: bool = True,
+                 record_timeline: bool = False) -> None:
         if not 0.0 <= estimation_error < 1.0:
             raise ValueError(f"estimation_error must be in [0, 1), got {estimation_error}")
         if planning_latency != "measured" and not (
@@ -78,6 +87,8 @@ class Engine(InstanceFlow, PlanFlow):
         if decode_admission not in DECODE_ADMISSION:
             raise ValueError(f"decode_admission must be one of {', '.join(DECODE_ADMISSION)}, "
                              f"got {decode_admission!r}")
+        if not isinstance(record_timeline, bool):
+            raise ValueError(f"record_timeline must be True or False, got {record_timeline!r}")
         self.predictor = (predictor_from_config(length_predictor, length_predictor_params)
                           if isinstance(length_predictor, str) else length_predictor)
         self.decode_admission = decode_admission
@@ -128,6 +139,10 @@ class Engine(InstanceFlow, PlanFlow):
         self.cached_tokens = 0  # ... of which served from a prefix cache (or a group's prefill)
         self.pool_seconds = 0.0  # prefill-pool seconds of the computed work (load.pool_seconds)
         self.preemptions = 0
+        # timeline recording (None: off). _seg_start: uid -> start of a resumed call's current
+        # recompute or decode interval (its first decode interval starts at call.decode_start)
+        self._spans: list[tuple] | None = [] if record_timeline else None
+        self._seg_start: dict[int, float] = {}
         self._draw_errors(estimation_error, rng)
         self._next_arrival = 0
         self._push_next_arrival()
@@ -214,12 +229,15 @@ class Engine(InstanceFlow, PlanFlow):
             ratios = np.ones(len(records))
         last = max((w.finish_t for w in self.workflows), default=0.0)
         span = float(self.workload.arrivals[-1]) if len(self.workload) else 0.0
+        timeline = None if self._spans is None else build_timeline(
+            self._spans, self.prefill, self.decode, self.workflows, ratios,
+            {"cluster": self.cluster.name, "policy": policy_name})
         return EpisodeResult(ratios, records, self.num_calls, self.invocations,
                              self.decisions_made, self.scheduler_seconds, last, self._wall,
                              policy_name, np.array(self.invocation_seconds),
                              prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
                              prefill_load=self.pool_seconds / span if span > 0 else math.nan,
-                             **self._regime_counters())
+                             timeline=timeline, **self._regime_counters())
 
     def _regime_counters(self) -> dict[str, Any]:
         """How hard decode was pressed (EpisodeResult's regime fields)."""
@@ -343,6 +361,10 @@ class Engine(InstanceFlow, PlanFlow):
         now = self.now
         call.state = CallState.DONE
         call.finish_t = now
+        spans = self._spans
+        if spans is not None:  # its last decode interval (its only one unless preempted)
+            spans.append(("decode", inst.index, self._seg_start.pop(call.uid, call.decode_start),
+                          now, call.uid, call.l_out - call.generated, -1))
         lead = call.lead if call.lead is not None else (call if call.width > 1 else None)
         if lead is None:
             inst.release(call)

@@ -56,6 +56,9 @@ class EpisodeConfig:
             ``true-demand`` (reserve the true demand, never preempt).
         free_decode_calls: a waiting decode call its instance has not served may be moved by a
             plan to another decode instance when its own cannot admit it (KV sent again).
+        record_timeline: record every instance interval of the episode; its result then carries
+            a ``timeline`` (Chrome trace, Gantt: docs/timelines.md). Observes only: every result
+            is the same with it on or off.
     """
 
     cluster: str = "hetero-1"
@@ -75,6 +78,7 @@ class EpisodeConfig:
     length_predictor_params: Mapping[str, Any] | tuple | None = None
     decode_admission: str = "predicted"
     free_decode_calls: bool = True
+    record_timeline: bool = False
 
     def __post_init__(self) -> None:
         src = "episode config"
@@ -101,7 +105,7 @@ class EpisodeConfig:
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
             raise ConfigError(f"{src}: max_calls_per_decision must be an integer >= 1 or null, "
                               f"got {k!r}")
-        for name in ("prefix_cache", "parallel_sampling", "free_decode_calls"):
+        for name in ("prefix_cache", "parallel_sampling", "free_decode_calls", "record_timeline"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{src}: {name} must be true or false, got "
                                   f"{getattr(self, name)!r}")
@@ -201,9 +205,14 @@ class EpisodeFactory:
         work = sample_episode(self.trace, self.config.num_workflows, rng, self.arrival_rate)
         return work, rng
 
-    def simulator(self, seed: int | None = None, decisions: bool = True) -> Simulator:
-        """A fresh simulator for one episode (``seed`` defaults to the config's)."""
+    def simulator(self, seed: int | None = None, decisions: bool = True,
+                  record_timeline: bool | None = None) -> Simulator:
+        """A fresh simulator for one episode (``seed`` defaults to the config's,
+        ``record_timeline`` to the config's: pass True to record one episode of a factory
+        built without it, sharing its caches)."""
         cfg = self.config
+        if record_timeline is None:
+            record_timeline = cfg.record_timeline
         work, rng = self.workload(cfg.seed if seed is None else seed)
         return Simulator(self.cluster, work, estimation_error=cfg.estimation_error, rng=rng,
                          decisions=decisions, planning_latency=cfg.planning_latency,
@@ -212,4 +221,5 @@ class EpisodeFactory:
                          length_predictor=cfg.length_predictor,
                          length_predictor_params=cfg.predictor_params,
                          decode_admission=cfg.decode_admission,
-                         free_decode_calls=cfg.free_decode_calls, **self.serving)
+                         free_decode_calls=cfg.free_decode_calls,
+                         record_timeline=record_timeline, **self.serving)

@@ -40,6 +40,11 @@ class InstanceFlow:
                 r.state = CallState.TRANSFER
                 r.prefill_end = self.now
                 r.transfer_end = call.transfer_end
+        spans = self._spans
+        if spans is not None:
+            spans.append(("prefill", p, call.prefill_start, self.now, call.uid, call.l_in,
+                          call.hit))
+            spans.append(("transfer", d, self.now, call.transfer_end, call.uid, call.l_in, p))
         self.events.push(call.transfer_end, Phase.TRANSFER_DONE, call)
         self._mark_prefill(p)
 
@@ -106,6 +111,10 @@ class InstanceFlow:
         inst.peak_kv = max(inst.peak_kv, min(inst.true_kv(), float(inst.capacity)))
         victim = max((c for _, _, c in inst.batch if c.width == 1 and c.lead is None),
                      key=lambda c: c.admit_seq)
+        spans = self._spans
+        if spans is not None:  # the decode interval the preemption ends
+            spans.append(("decode", d, self._seg_start.pop(victim.uid, victim.decode_start),
+                          self.now, victim.uid, inst.v - victim.v_admit, -1))
         inst.evict(victim)
         self.preemptions += 1
         victim.preempted += 1
@@ -129,6 +138,11 @@ class InstanceFlow:
         inst = self.decode[call.decode_inst]
         inst.advance(self.now)
         del inst.recomputing[call.uid]
+        spans = self._spans
+        if spans is not None:
+            spans.append(("recompute", inst.index, self._seg_start[call.uid], self.now,
+                          call.uid, call.l_in + call.generated, -1))
+            self._seg_start[call.uid] = self.now  # its next decode interval starts now
         inst.true_base -= call.l_in + call.generated  # now held as a batch member instead
         inst.admit(call, self.now, reserve=False)
         self._reschedule(inst)
@@ -194,6 +208,7 @@ class InstanceFlow:
         overrun = self._overrun
         if overrun:
             inst.advance(self.now)
+        spans = self._spans
         admitted = False
         while waiting and len(inst.batch) < inst.max_batch:
             best = head_index(waiting)
@@ -211,6 +226,9 @@ class InstanceFlow:
             del inst.inbound[call.uid]
             call.state = CallState.DECODE
             call.decode_wait += self.now - call.wait_since
+            if spans is not None and self.now > call.wait_since:
+                spans.append(("wait", inst.index, call.wait_since, self.now, call.uid, 0,
+                              -1))
             inst.admits += 1
             call.admit_seq = inst.admits
             if call.generated:  # preempted before: rebuild its KV first
@@ -218,6 +236,8 @@ class InstanceFlow:
                 inst.true_base += call.l_in + call.generated
                 redo = inst.latency.prefill_time(int(call.l_in + call.generated))
                 inst.recomputing[call.uid] = (self.now + redo, call)
+                if spans is not None:
+                    self._seg_start[call.uid] = self.now
                 self.events.push(self.now + redo, Phase.RECOMPUTE_DONE, call)
                 admitted = True  # its KV counts from now: the crossing instant moves
                 continue

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from hexagent_gym.timeline import Timeline
 
 
 def req(ratios: np.ndarray, tau: float) -> float:
@@ -82,6 +85,9 @@ class EpisodeResult:
         decode_kv_delayed: share of calls that waited while their decode instance's queue head
             could not get KV (capacity, not batch size, held them back).
         decode_moves: free waiting decode calls a plan moved to another decode instance.
+        timeline: the episode's :class:`~hexagent_gym.timeline.Timeline` (every prefill,
+            transfer, wait, recompute and decode interval) when it ran with
+            ``record_timeline=True``; None otherwise. Not part of :meth:`to_dict`.
     """
 
     ratios: np.ndarray
@@ -103,6 +109,7 @@ class EpisodeResult:
     decode_wait_mean: float = 0.0
     decode_kv_delayed: float = 0.0
     decode_moves: int = 0
+    timeline: Timeline | None = None
 
     @property
     def num_workflows(self) -> int:

@@ -137,6 +137,9 @@ class PlanFlow:
         del self._waiting_decode[call.uid]
         src.release(call)
         call.decode_wait += self.now - call.wait_since
+        spans = self._spans
+        if spans is not None and self.now > call.wait_since:  # timeline: the wait it ends here
+            spans.append(("wait", src.index, call.wait_since, self.now, call.uid, 0, -1))
         dst = self.decode[d]
         dst.reserve(call)
         dst.inbound[call.uid] = call
@@ -151,6 +154,8 @@ class PlanFlow:
                 r.decode_inst = d
                 r.state = CallState.TRANSFER
         self.moves += 1
+        if spans is not None:  # timeline: its KV sent again, to d
+            spans.append(("transfer", d, self.now, call.transfer_end, call.uid, call.l_in, p))
         self.events.push(call.transfer_end, Phase.TRANSFER_DONE, call)
         self._mark_decode(src.index)
 

@@ -62,6 +62,10 @@ class Simulator(Engine):
         free_decode_calls: a call waiting at its decode instance that the instance has not
             served yet may be re-placed on another decode instance by a plan (its KV is sent
             again: the P→D transfer time); a preempted or already moved call stays (locked).
+        record_timeline: record every prefill, KV transfer, decode-queue wait, recompute and
+            decode interval as it happens; the result's ``timeline`` then holds them
+            (:mod:`hexagent_gym.timeline`, docs/timelines.md). Changes no decision or time.
+            The standalone horizon runs never record.
     """
 
     def __init__(self, cluster: ClusterSpec, workload: EpisodeWorkload, *,

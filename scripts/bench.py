@@ -17,7 +17,7 @@ from pathlib import Path
 
 from agents.benchmark import bench_policy
 from agents.regression import check, format_table, load_baseline, run_ci_cases, save_baseline
-from hexagent_gym.benchmark import bench_core
+from hexagent_gym.benchmark import bench_core, bench_timeline
 
 BASELINE = Path(__file__).resolve().parent.parent / ".ci" / "baseline.json"
 
@@ -61,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ms per invocation: mean {pol.ms_mean:.3f}, median {pol.ms_median:.3f}, "
           f"p99 {pol.ms_p99:.3f}; total {pol.scheduler_seconds:.2f} s; budget 0.5 ms; "
           f"Req99 {pol.req99:.3f}")
+    tl = bench_timeline("hexagent", args.trace, args.cluster, args.num_workflows, args.load,
+                        args.seed, args.repeat)
+    print(f"timeline recording (hexagent rollout on {args.cluster} / {args.trace}, load "
+          f"{args.load}, {tl.num_calls} calls): us per simulated call {tl.us_per_call_off:.1f} "
+          f"off, {tl.us_per_call_on:.1f} on ({tl.overhead_pct:+.1f} %); {tl.spans} spans, "
+          f"Chrome trace export {tl.export_ms:.0f} ms")
     if importlib.util.find_spec("envs.benchmark") is not None:
         from envs.benchmark import bench_env
 

@@ -7,6 +7,7 @@ Usage:
     python scripts/evaluate.py --config table2_3 --quick
     python scripts/evaluate.py --config table6 --backend ray                 # local Ray, all cores
     python scripts/evaluate.py --config table1 --backend ray --address HEAD:6379   # a cluster
+    python scripts/evaluate.py --policies hexagent --traces bfcl_v3 --seeds 0 --timeline out/
 
 Flags override the config's grid. Output goes to --out (default results/<experiment name>):
 cells.jsonl (one line per finished cell; --resume skips those), results.json (table rows and
@@ -14,16 +15,22 @@ every cell with per-workflow ratios), tables.md, failures.jsonl (cells that rais
 --plot the PNG figures. A failed cell is reported with its parameters and error after the
 tables, the other cells are kept, and the exit status is 1; --resume retries only the failed and
 missing cells. Schema and outputs: docs/evaluation.md; Ray: docs/distributed.md.
+
+--timeline DIR runs one cell of the grid instead (the first, or the first of --timeline-policy)
+with its timeline recorded and writes DIR/<cell>.json, a Chrome trace for https://ui.perfetto.dev,
+and DIR/<cell>.png, a Gantt of its worst workflow (docs/timelines.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
 
 from hexagent_gym.config import ConfigError
+from hexagent_gym.episode import EpisodeFactory
 from hexagent_gym.experiments import (
     BACKENDS,
     evaluate,
@@ -32,6 +39,8 @@ from hexagent_gym.experiments import (
     report_text,
     write_results,
 )
+from hexagent_gym.experiments.grid import Experiment
+from hexagent_gym.policy import make_policy, run_policy
 
 
 def _list(kind: type):
@@ -42,6 +51,54 @@ def _list(kind: type):
             raise argparse.ArgumentTypeError(
                 f"expected a comma-separated list of {kind.__name__}s, got {text!r}") from None
     return parse
+
+
+def write_timeline(exp: Experiment, out_dir: Path, policy: str | None = None,
+                   workflow: str | None = None) -> tuple[Path, Path]:
+    """Run one cell of ``exp`` with its timeline recorded; write its trace JSON and Gantt PNG.
+
+    The cell is the grid's first, or the first whose policy name or label is ``policy``; it runs
+    exactly as in an evaluation (same factory settings, seed and policy arguments), so its
+    results equal the evaluation's. ``workflow`` is the Gantt's highlighted workflow: an episode
+    index or a trace workflow id (None: the worst ratio).
+
+    Returns:
+        (trace JSON path, PNG path), named after the cell.
+
+    Raises:
+        ConfigError: no cell of the grid runs ``policy``.
+        ValueError: ``workflow`` is not in the episode.
+    """
+    cells = exp.cells()
+    if policy is not None:
+        chosen = [c for c in cells if policy.lower() in (c.policy, c.label)]
+        if not chosen:
+            labels = sorted({c.label or c.policy for c in cells})
+            raise ConfigError(f"--timeline-policy: no cell of {exp.name} runs {policy!r}; its "
+                              f"policies: {', '.join(labels)}")
+        cells = chosen
+    cell = cells[0]
+    factory = EpisodeFactory(cell.factory_config)
+    sim = factory.simulator(cell.episode.seed, record_timeline=True)
+    result = run_policy(sim, make_policy(cell.policy, **dict(cell.policy_kwargs)))
+    timeline = result.timeline
+    label = cell.label or cell.policy
+    timeline.meta.update(policy=label, trace=cell.episode.trace)
+    if workflow is not None and workflow.isdigit():
+        workflow = int(workflow)  # an episode index; any other text is a trace workflow id
+    e = cell.episode
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{label}-{e.cluster}-{Path(e.trace).stem}-"
+                                             f"seed{e.seed}")
+    png = out_dir / f"{stem}.png"
+    timeline.save_gantt(png, workflow=workflow)
+    trace = timeline.save_chrome_trace(out_dir / f"{stem}.json")
+    w = timeline.worst_workflow() if workflow is None else timeline.workflow_index(workflow)
+    info = timeline.workflows[w]
+    path = " -> ".join(f"c{c}" for c in timeline.critical_path(w))
+    print(f"timeline of {cell.describe()}: {len(timeline)} spans, Req99 {result.req99:.3f}; "
+          f"Gantt of workflow w{w} ({info.workflow_id}), ratio {info.ratio:.3f}, critical path "
+          f"{path}", file=sys.stderr)
+    return trace, png
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +145,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-fast", action="store_true",
                         help="stop at the first failing cell instead of running the others")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--timeline", type=Path, metavar="DIR",
+                        help="instead of evaluating the grid, run one cell (the grid's first "
+                        "after the flags above; see --timeline-policy) with its timeline "
+                        "recorded and write DIR/<cell>.json (Chrome trace: open it in "
+                        "https://ui.perfetto.dev) and DIR/<cell>.png (Gantt of the worst "
+                        "workflow); docs/timelines.md")
+    parser.add_argument("--timeline-policy", metavar="NAME",
+                        help="with --timeline: the first cell of this policy (name or grid "
+                        "label) instead of the grid's first")
+    parser.add_argument("--timeline-workflow", metavar="ID",
+                        help="with --timeline: the workflow the Gantt highlights (episode index "
+                        "or trace workflow id; default: the one with the worst ratio)")
     args = parser.parse_args(argv)
     if args.experiment is not None:
         if args.config is not None:
@@ -104,6 +173,16 @@ def main(argv: list[str] | None = None) -> int:
                      "set their CPUs (ray start --num-cpus N)")
     if args.workers is not None and args.workers < 1:
         parser.error("--workers must be >= 1")
+    if args.timeline is None:
+        for flag in ("timeline_policy", "timeline_workflow"):
+            if getattr(args, flag) is not None:
+                parser.error(f"--{flag.replace('_', '-')} needs --timeline DIR")
+    else:
+        for flag, given in (("resume", args.resume), ("plot", args.plot),
+                            ("backend ray", args.backend == "ray")):
+            if given:
+                parser.error(f"--timeline runs one cell here and evaluates no grid: drop "
+                             f"--{flag}")
     try:
         exp = load_experiment(args.config)
         exp = exp.with_overrides(policies=args.policies, clusters=args.clusters,
@@ -113,6 +192,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if args.timeline is not None:
+        try:
+            paths = write_timeline(exp, args.timeline, args.timeline_policy,
+                                   args.timeline_workflow)
+        except (ConfigError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print("Wrote: " + ", ".join(str(p) for p in paths), file=sys.stderr)
+        return 0
     out = args.out or Path("results") / exp.name
     n = len(exp.cells())
     where = "" if args.backend == "local" else f" on Ray ({args.address or 'local instance'})"

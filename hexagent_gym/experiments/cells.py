@@ -56,6 +56,9 @@ class Cell:
     def params(self) -> dict[str, Any]:
         """The cell's parameters as canonical JSON-ready data (ints in float fields are floats)."""
         episode = dataclasses.asdict(self.episode)
+        # recording a timeline changes no result: keep it out of the key, so cells recorded
+        # before the option existed (and recorded runs) resume as the same cells
+        episode.pop("record_timeline", None)
         for k in _FLOAT_FIELDS:
             v = episode[k]
             if isinstance(v, int) and not isinstance(v, bool):
