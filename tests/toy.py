@@ -63,3 +63,23 @@ def workflow_with_reuse(calls, wid="w", block=100):
         "calls": [{"id": str(i), "parents": [str(p) for p in parents], "input_tokens": n_in,
                    "output_tokens": n_out, "tool_latency_s": 0.0, **extra}
                   for i, (n_in, n_out, parents, extra) in enumerate(calls)]})
+
+
+@dataclass(frozen=True)
+class FixedPredictor:
+    """A length predictor that predicts ``value`` output tokens for every call (a stand-in
+    proxy model for hand-computed preemption and timeline cases)."""
+
+    value: int
+    name: str = "fixed"
+
+    def predict(self, true, rng):
+        return np.full(len(true), self.value, dtype=np.int64)
+
+
+def toy_episode(*workflows, arrivals=None):
+    """An EpisodeWorkload of ``workflows`` (all at t = 0 unless ``arrivals`` are given)."""
+    from hexagent_gym.arrivals import EpisodeWorkload
+
+    arrivals = np.zeros(len(workflows)) if arrivals is None else np.asarray(arrivals, float)
+    return EpisodeWorkload(tuple(workflows), arrivals, np.arange(len(workflows)))

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.entities import CallState
 from hexagent_gym.simulator import Simulator
 from hexagent_gym.workload import make_workflow
 from tests.toy import ToyLatency, toy_cluster
+from tests.toy import toy_episode as episode
 
 LM = ToyLatency()
 SETUP, SPT = 0.001, 1e-6
 
 
-def episode(*workflows, arrivals=None):
-    arrivals = np.zeros(len(workflows)) if arrivals is None else np.asarray(arrivals, float)
-    return EpisodeWorkload(tuple(workflows), arrivals, np.arange(len(workflows)))
 
 
 def lone_decode(l_in, l_out, lm=LM, batch=1):

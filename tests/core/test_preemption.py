@@ -9,27 +9,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.decisions import Stage
 from hexagent_gym.entities import CallState
 from hexagent_gym.simulator import Simulator
 from hexagent_gym.workload import make_workflow
+from tests.toy import FixedPredictor as Fixed
 from tests.toy import ToyLatency, toy_cluster
+from tests.toy import toy_episode as episode
 from tests.toy import workflow_with_reuse as wf
 
 LM = ToyLatency()
 SETUP, SPT = 0.001, 1e-6
 
 
-@dataclass(frozen=True)
-class Fixed:
-    """A predictor that predicts ``value`` tokens for every call (a stand-in proxy model)."""
-
-    value: int
-    name: str = "fixed"
-
-    def predict(self, true, rng):
-        return np.full(len(true), self.value, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -43,9 +35,6 @@ class Scaled:
         return np.maximum(1, np.rint(np.asarray(true) * self.factor)).astype(np.int64)
 
 
-def episode(*workflows, arrivals=None):
-    arrivals = np.zeros(len(workflows)) if arrivals is None else np.asarray(arrivals, float)
-    return EpisodeWorkload(tuple(workflows), arrivals, np.arange(len(workflows)))
 
 
 def two_long_calls(**kwargs):

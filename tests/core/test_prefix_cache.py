@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hexagent_gym.arrivals import EpisodeWorkload, sample_episode
+from hexagent_gym.arrivals import sample_episode
 from hexagent_gym.cluster import load_cluster
 from hexagent_gym.decisions import earliest_finish_pick
 from hexagent_gym.policy import make_policy, run_policy
@@ -20,15 +20,13 @@ from hexagent_gym.simulator import Simulator
 from hexagent_gym.trace_formats import ideal_prefix_hit_rate
 from hexagent_gym.workload import load_trace
 from tests.toy import ToyLatency, toy_cluster
+from tests.toy import toy_episode as episode
 from tests.toy import workflow_with_reuse as wf
 
 LM = ToyLatency()
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
-def episode(*workflows, arrivals=None):
-    arrivals = np.zeros(len(workflows)) if arrivals is None else np.asarray(arrivals, float)
-    return EpisodeWorkload(tuple(workflows), arrivals, np.arange(len(workflows)))
 
 
 # -- the cache on its own --------------------------------------------------------------------

@@ -7,14 +7,12 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import hexagent_gym
-from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.config import ConfigError
 from hexagent_gym.decisions import Stage
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory, load_config
@@ -23,26 +21,16 @@ from hexagent_gym.policy import make_policy, run_policy
 from hexagent_gym.simulator import Simulator
 from hexagent_gym.timeline import CallInfo, Timeline, WorkflowInfo
 from hexagent_gym.workload import make_workflow
+from tests.toy import FixedPredictor as Fixed
 from tests.toy import ToyLatency, toy_cluster
+from tests.toy import toy_episode as episode
 
 LM = ToyLatency()
 SMALL = dict(cluster="hetero-1", trace="bfcl_v3", num_workflows=20, load=1.0, seed=3)
 
 
-@dataclass(frozen=True)
-class Fixed:
-    """Predicts ``value`` output tokens for every call."""
-
-    value: int
-    name: str = "fixed"
-
-    def predict(self, true, rng):
-        return np.full(len(true), self.value, dtype=np.int64)
 
 
-def episode(*workflows, arrivals=None):
-    arrivals = np.zeros(len(workflows)) if arrivals is None else np.asarray(arrivals, float)
-    return EpisodeWorkload(tuple(workflows), arrivals, np.arange(len(workflows)))
 
 
 def run(config: dict, policy: str = "hexagent", record: bool = True):
