@@ -153,6 +153,7 @@ class PlanFlow:
             for r in call_riders(call):
                 r.decode_inst = d
                 r.state = CallState.TRANSFER
+                r.transfer_end = call.transfer_end  # the group's KV arrives together
         self.moves += 1
         if spans is not None:  # timeline: its KV sent again, to d
             spans.append(("transfer", d, self.now, call.transfer_end, call.uid, call.l_in, p))
