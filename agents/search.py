@@ -29,23 +29,17 @@ hundreds of workflows); this is a bound and a teacher, not a production schedule
 
 from __future__ import annotations
 
-import heapq
 import math
+from itertools import islice, zip_longest
 
 import numpy as np
 
 from agents.hexagent import HexAgentPolicy, projected_risk
-from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.decisions import DecisionPoint, Stage
-from hexagent_gym.entities import CallState
-from hexagent_gym.events import Phase
-from hexagent_gym.fork import fork, pending_decision, shared_objects
+from hexagent_gym.fork import fork, known_only, pending_decision, shared_objects
 from hexagent_gym.metrics import req, slo_ratio
 
 HORIZONS = ("arrived", "episode")
-# calls whose output length the implementable variant replaces by its prediction: not decoding yet
-_NOT_DECODING = (CallState.HIDDEN, CallState.WAITING_PREFILL, CallState.PREFILL,
-                 CallState.TRANSFER, CallState.WAITING_DECODE)
 
 
 class HexAgentSearch(HexAgentPolicy):
@@ -120,22 +114,11 @@ class HexAgentSearch(HexAgentPolicy):
             pairs = [(int(i) // D, int(i) % D) for i in flat[:self.k]
                      if math.isfinite(row.flat[i])]
             pairs = [pd for pd in pairs if pd != own[1:]]
-        out = [own]
-        alt_slots, alt_pairs = iter(others), iter(pairs)
-        while len(out) < self.k:
-            added = False
-            for source in (alt_slots, alt_pairs):
-                nxt = next(source, None)
-                if nxt is None or len(out) == self.k:
-                    continue
-                added = True
-                if isinstance(nxt, int):
-                    out.append((nxt, *dp.best_pair(nxt)[:2]))
-                else:
-                    out.append((slot0, *nxt))
-            if not added:
-                break
-        return out
+        slot_alts = ((s, *dp.best_pair(s)[:2]) for s in others)  # lazy: best pairs on demand
+        pair_alts = [(slot0, p, d) for p, d in pairs]
+        alternating = (c for both in zip_longest(slot_alts, pair_alts) for c in both
+                       if c is not None)
+        return [own, *islice(alternating, self.k - 1)]
 
     # -- rollouts -------------------------------------------------------------------------------
     def _score(self, cand: tuple[int, int, int]) -> tuple[float, float]:
@@ -196,29 +179,4 @@ class _Finished:
         return self.count == self.scored
 
 
-def known_only(sim) -> None:
-    """Cut a fork down to what its scheduler knows: no workflow arrives after now, and every call
-    not decoding yet has its predicted output length as its true one (KV demand adjusted).
-
-    Sample-group leaders keep their group's true demand (a group's KV is the sum over its
-    members; the predictor gives the leader's own length only).
-    """
-    arrived = len(sim.workflows)
-    w = sim.workload
-    sim.workload = EpisodeWorkload(w.workflows[:arrived], w.arrivals[:arrived],
-                                   w.trace_indices[:arrived])
-    heap = sim.events.heap
-    kept = [e for e in heap if e[1] != Phase.ARRIVAL]
-    if len(kept) != len(heap):
-        heap[:] = kept
-        heapq.heapify(heap)
-    sim._next_arrival = arrived
-    for wf in sim.workflows:
-        for c in wf.calls:
-            if (c.state in _NOT_DECODING and c.generated == 0 and c.width == 1
-                    and c.lead is None and c.l_out != c.l_out_pred):
-                c.kv_true += c.l_out_pred - c.l_out
-                c.l_out = c.l_out_pred
-
-
-__all__ = ["HexAgentSearch", "HexAgentSearchOracle", "known_only"]
+__all__ = ["HexAgentSearch", "HexAgentSearchOracle"]

@@ -324,15 +324,13 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
                 terminated = True
                 self._dp = None
                 reward += self.reward_fn.terminal(sim.result().ratios)
-                obs, self._mask = self.encoder.empty()
+                obs = self._emit(*self.encoder.empty())
             else:
                 self._dp = nxt
                 self.encoder.begin(sim, nxt, self._num_workflows)
-                obs, self._mask = self.encoder.observe()
+                obs = self._emit(*self.encoder.observe())
         else:
-            obs, self._mask = self.encoder.observe()
-        if self._mask_in_obs:
-            obs["action_mask"] = self._mask.astype(np.int8)
+            obs = self._emit(*self.encoder.observe())
         reward = float(reward)
         self._return += reward
         truncated = (not terminated and self._step_cap is not None
@@ -415,9 +413,13 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         self._dp = dp
         self._info = step_info(sim)
         self.encoder.begin(sim, dp, self._num_workflows)
-        obs, self._mask = self.encoder.observe()
+        return self._emit(*self.encoder.observe())
+
+    def _emit(self, obs: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
+        """Keep ``mask`` as the step's action mask; add it to ``obs`` when asked to."""
+        self._mask = mask
         if self._mask_in_obs:
-            obs["action_mask"] = self._mask.astype(np.int8)
+            obs["action_mask"] = mask.astype(np.int8)
         return obs
 
     def _pick(self, action: Any, dp: DecisionPoint) -> tuple[int, int, int]:

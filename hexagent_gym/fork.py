@@ -7,6 +7,9 @@ specs, latency models, the length predictor, the standalone-horizon cache, the d
 errors and predictions). Continued with the same picks, a fork produces exactly the original's
 events and results (tested), and nothing done to a fork reaches the original.
 
+:func:`known_only` cuts a fork down to what a scheduler could know (no future arrivals,
+predicted output lengths), for search policies that must stay implementable.
+
 Wall-clock fields (``scheduler_seconds``, ``wall_seconds``, invocation times) are copied as they
 are and then keep counting in each copy separately; with ``planning_latency="measured"`` the
 plan landing times depend on wall time, so such runs are not reproducible to begin with.
@@ -15,15 +18,23 @@ plan landing times depend on wall time, so such runs are not reproducible to beg
 from __future__ import annotations
 
 import copy
+import heapq
 import itertools
 import re
 from typing import TYPE_CHECKING, Any
+
+from hexagent_gym.arrivals import EpisodeWorkload
+from hexagent_gym.entities import CallState
+from hexagent_gym.events import Phase
 
 if TYPE_CHECKING:
     from hexagent_gym.decisions import DecisionPoint
     from hexagent_gym.engine import Engine
 
 _COUNT = re.compile(r"count\((-?\d+)\)")
+# calls whose output length known_only replaces by its prediction: not decoding yet
+_NOT_DECODING = (CallState.HIDDEN, CallState.WAITING_PREFILL, CallState.PREFILL,
+                 CallState.TRANSFER, CallState.WAITING_DECODE)
 
 
 def shared_objects(sim: Engine) -> dict[int, Any]:
@@ -81,4 +92,31 @@ def pending_decision(sim: Engine) -> DecisionPoint | None:
     return sim._pending
 
 
-__all__ = ["fork", "pending_decision", "shared_objects"]
+def known_only(sim: Engine) -> None:
+    """Cut a fork down to what its scheduler knows (in place): no workflow arrives after now, and
+    every call not decoding yet has its predicted output length as its true one (KV demand
+    adjusted). For implementable search policies (``agents.search``); never apply it to the
+    episode being scored.
+
+    Sample-group leaders keep their group's true demand (a group's KV is the sum over its
+    members; the predictor gives the leader's own length only).
+    """
+    arrived = len(sim.workflows)
+    w = sim.workload
+    sim.workload = EpisodeWorkload(w.workflows[:arrived], w.arrivals[:arrived],
+                                   w.trace_indices[:arrived])
+    heap = sim.events.heap
+    kept = [e for e in heap if e[1] != Phase.ARRIVAL]
+    if len(kept) != len(heap):
+        heap[:] = kept
+        heapq.heapify(heap)
+    sim._next_arrival = arrived
+    for wf in sim.workflows:
+        for c in wf.calls:
+            if (c.state in _NOT_DECODING and c.generated == 0 and c.width == 1
+                    and c.lead is None and c.l_out != c.l_out_pred):
+                c.kv_true += c.l_out_pred - c.l_out
+                c.l_out = c.l_out_pred
+
+
+__all__ = ["fork", "known_only", "pending_decision", "shared_objects"]

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 from hexagent_gym.config import ConfigError
-from hexagent_gym.episode import EpisodeFactory
 from hexagent_gym.experiments import (
     BACKENDS,
     evaluate,
@@ -39,8 +38,8 @@ from hexagent_gym.experiments import (
     report_text,
     write_results,
 )
+from hexagent_gym.experiments.cells import cell_episode
 from hexagent_gym.experiments.grid import Experiment
-from hexagent_gym.policy import make_policy, run_policy
 
 
 def _list(kind: type):
@@ -78,9 +77,7 @@ def write_timeline(exp: Experiment, out_dir: Path, policy: str | None = None,
                               f"policies: {', '.join(labels)}")
         cells = chosen
     cell = cells[0]
-    factory = EpisodeFactory(cell.factory_config)
-    sim = factory.simulator(cell.episode.seed, record_timeline=True)
-    result = run_policy(sim, make_policy(cell.policy, **dict(cell.policy_kwargs)))
+    result, _ = cell_episode(cell, record_timeline=True)
     timeline = result.timeline
     label = cell.label or cell.policy
     timeline.meta.update(policy=label, trace=cell.episode.trace)

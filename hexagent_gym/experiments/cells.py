@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+from hexagent_gym.metrics import EpisodeResult
 from hexagent_gym.policy import make_policy, run_policy
 
 RECORD_SCHEMA = 1
@@ -100,6 +101,26 @@ def policy_label(cell_params: Mapping[str, Any]) -> str:
     return cell_params.get("label") or cell_params["policy"]
 
 
+def cell_episode(cell: Cell, factory: EpisodeFactory | None = None, *,
+                 record_timeline: bool = False) -> tuple[EpisodeResult, EpisodeFactory]:
+    """Run one cell's episode (its policy with its arguments, on its seed) and return the
+    simulator's result with the factory it used (``factory``, or one built here from
+    ``cell.factory_config``). ``record_timeline`` records the episode's timeline (the result is
+    otherwise the same).
+
+    Raises:
+        ValueError: ``factory`` was built for another episode configuration.
+    """
+    if factory is None:
+        factory = EpisodeFactory(cell.factory_config)
+    elif factory.config != cell.factory_config:
+        raise ValueError(f"the factory was built for {factory.config}, not for this cell's "
+                         f"episode {cell.factory_config}; build it from cell.factory_config")
+    policy = make_policy(cell.policy, **dict(cell.policy_kwargs))
+    sim = factory.simulator(cell.episode.seed, record_timeline=record_timeline)
+    return run_policy(sim, policy), factory
+
+
 def run_cell(cell: Cell, factory: EpisodeFactory | None = None, *,
              timing: bool = True) -> dict[str, Any]:
     """Run one cell and return its JSON-ready record.
@@ -116,14 +137,8 @@ def run_cell(cell: Cell, factory: EpisodeFactory | None = None, *,
         ["timing"]}``; ``workflows`` holds per-workflow columns (id, trace index, number of calls,
         standalone horizon H_w in seconds, ratio C_w/H_w) in the episode's arrival order.
     """
-    if factory is None:
-        factory = EpisodeFactory(cell.factory_config)
-    elif factory.config != cell.factory_config:
-        raise ValueError(f"the factory was built for {factory.config}, not for this cell's "
-                         f"episode {cell.factory_config}; build it from cell.factory_config")
-    policy = make_policy(cell.policy, **dict(cell.policy_kwargs))
     start = time.perf_counter()
-    result = run_policy(factory.simulator(cell.episode.seed), policy)
+    result, factory = cell_episode(cell, factory)
     cell_seconds = time.perf_counter() - start
     ratios = np.asarray(result.ratios, dtype=np.float64)
     record: dict[str, Any] = {

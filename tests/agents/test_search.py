@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from agents.hexagent import HexAgentPolicy
-from agents.search import HexAgentSearch, HexAgentSearchOracle, known_only
+from agents.search import HexAgentSearch, HexAgentSearchOracle
 from hexagent_gym.entities import CallState
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.events import Phase
-from hexagent_gym.fork import fork, pending_decision
+from hexagent_gym.fork import fork, known_only, pending_decision
 from hexagent_gym.policy import make_policy, policy_names, run_policy
 
 SMALL = dict(cluster="tiny-2p2d", trace="mixed", num_workflows=14, load=1.0,
