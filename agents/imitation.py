@@ -16,7 +16,7 @@ Works for any MaskablePPO policy (``EquivariantPolicy`` or ``MultiInputPolicy``)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,24 @@ class Demonstrations:
         return Demonstrations({k: v[index] for k, v in self.obs.items()}, self.masks[index],
                               self.actions[index], self.targets[index], self.returns[index],
                               self.episodes)
+
+    def arrays(self, prefix: str = "") -> dict[str, np.ndarray]:
+        """Every field as a flat name → array mapping (for ``np.savez``); :meth:`from_arrays`
+        inverts it."""
+        out = {f"{prefix}obs/{k}": v for k, v in self.obs.items()}
+        out.update({f"{prefix}masks": self.masks, f"{prefix}actions": self.actions,
+                    f"{prefix}targets": self.targets, f"{prefix}returns": self.returns,
+                    f"{prefix}episodes": np.asarray(self.episodes)})
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], prefix: str = "") -> Demonstrations:
+        """The demonstrations :meth:`arrays` wrote under ``prefix``."""
+        head = f"{prefix}obs/"
+        obs = {k[len(head):]: np.asarray(v) for k, v in arrays.items() if k.startswith(head)}
+        return cls(obs, np.asarray(arrays[f"{prefix}masks"]),
+                   np.asarray(arrays[f"{prefix}actions"]), np.asarray(arrays[f"{prefix}targets"]),
+                   np.asarray(arrays[f"{prefix}returns"]), int(arrays[f"{prefix}episodes"]))
 
     @classmethod
     def concat(cls, parts: Sequence[Demonstrations]) -> Demonstrations:

@@ -121,6 +121,8 @@ def load_cluster(spec: str | Path | Mapping[str, Any]) -> ClusterSpec:
     """
     if isinstance(spec, Mapping):
         data, source, default_name = dict(spec), "<dict>", "custom"
+    elif isinstance(spec, str) and spec in _REGISTERED:  # a generated cluster, by its name
+        data, source, default_name = dict(_REGISTERED[spec]), f"<generated {spec}>", spec
     else:
         data, source = load_named("clusters", spec)
         default_name = Path(source).stem
@@ -164,6 +166,33 @@ def load_cluster(spec: str | Path | Mapping[str, Any]) -> ClusterSpec:
                        prefill=pools["prefill"], decode=pools["decode"], network=network,
                        transfer_setup_s=setup, transfer_s_per_token=per_token,
                        transfer_bandwidth_gbs=bw)
+
+
+_REGISTERED: dict[str, Mapping[str, Any]] = {}
+
+
+def register_cluster(spec: Mapping[str, Any]) -> str:
+    """Make a cluster mapping loadable by its ``name`` (``load_cluster(name)``, and so anywhere a
+    cluster name is accepted, e.g. an episode's ``cluster``) in this process; returns the name.
+
+    Generated clusters (``hexagent_gym.cluster_sampling``) are registered this way, so episode
+    configs stay hashable and readable. Registering the same mapping twice is a no-op.
+
+    Raises:
+        ConfigError: the mapping is not a valid cluster, or its name is a shipped cluster or
+            already registered with different content.
+    """
+    load_cluster(spec)  # validate before anything is registered
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"a registered cluster needs a non-empty string 'name', got {name!r}")
+    if name.lower() in known_names("clusters"):
+        raise ConfigError(f"cannot register cluster '{name}': a shipped cluster has that name")
+    old = _REGISTERED.get(name)
+    if old is not None and dict(old) != dict(spec):
+        raise ConfigError(f"cluster '{name}' is already registered with different content")
+    _REGISTERED[name] = dict(spec)
+    return name
 
 
 def _expand_pool(data: Mapping[str, Any], role: str, source: str, model: ModelSpec,

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-CONFIG_KINDS = ("gpus", "models", "clusters", "experiments")
+CONFIG_KINDS = ("gpus", "models", "clusters", "experiments", "mixtures")
 
 
 class ConfigError(ValueError):

@@ -6,6 +6,8 @@ Usage:
         --out runs/smoke/model.zip
     python scripts/train.py --init-from hexagent --total-timesteps 150000 --logdir runs/hetero1 \\
         --out models/learned_hetero1_bfcl.zip          # the shipped model (docs/learned.md)
+    python scripts/train.py --mixture bfcl-mix --init-from hexagent-search ...  # expert
+        # iteration on a distribution of clusters (docs/learned.md has the full command)
     tensorboard --logdir runs
 
 Episodes: the experiment config (--config, a YAML path or a configs/experiments name; only its
@@ -54,6 +56,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     env = p.add_argument_group("episodes")
     env.add_argument("--config", help="experiment YAML path or shipped name; its episode keys "
                      "override the training defaults")
+    env.add_argument("--mixture", help="train on a distribution: a configs/mixtures name or "
+                     "YAML path; each training and teacher episode draws a setting from it, the "
+                     "episode flags below then set only the evaluation episodes")
     env.add_argument("--cluster", help=f"cluster (default {TRAIN_DEFAULTS['cluster']})")
     env.add_argument("--trace", help=f"trace (default {TRAIN_DEFAULTS['trace']})")
     env.add_argument("--num-workflows", type=int,
@@ -78,8 +83,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     algo.add_argument("--load-model", type=Path,
                       help="continue training this saved model (.zip)")
     algo.add_argument("--init-from", choices=CHOICES["init_from"], default=D.init_from,
-                      help="behaviour-clone this teacher before PPO: HexAgent, or HexAgent with "
-                      "a one-step lookahead over its pick order (agents/lookahead.py)")
+                      help="behaviour-clone this teacher before PPO: HexAgent, HexAgent with "
+                      "a one-step lookahead over its pick order (agents/lookahead.py), or "
+                      "HexAgent with rollout search (agents/search.py; expert iteration)")
     algo.add_argument("--total-timesteps", type=int, default=D.total_timesteps)
     algo.add_argument("--lr", type=float, default=D.lr, help="PPO learning rate")
     algo.add_argument("--n-steps", type=int, default=D.n_steps, help="rollout steps per env")
@@ -103,6 +109,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
                     help="DAgger rounds after cloning (learner's greedy states, teacher labels)")
     bc.add_argument("--dagger-episodes", type=int, default=D.dagger_episodes,
                     help="episodes per DAgger round")
+    bc.add_argument("--demos", type=Path, help="cache of the teacher's cloning episodes "
+                    "(.npz): read if it exists and matches, else collected and written (a "
+                    "hexagent-search teacher takes about a minute per episode)")
     bc.add_argument("--bc-target-prob", type=float, default=D.bc_target_prob,
                     help="after cloning, lower the equivariant policy's logit scale until it "
                     "gives the teacher's pick this (geometric-mean) probability, so PPO "

@@ -25,7 +25,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "relative_to": ("none", "hexagent"),
     "vec": ("dummy", "subproc"),
     "policy": ("equivariant", "mlp"),
-    "init_from": ("none", "hexagent", "hexagent-lookahead"),
+    "init_from": ("none", "hexagent", "hexagent-lookahead", "hexagent-search"),
 }
 """The valid values of the TrainConfig fields that name one of a few options."""
 
@@ -44,14 +44,16 @@ class TrainConfig:
     """Every option of a training run: the flags of ``scripts/train.py``, same names (``--n-envs``
     is ``n_envs``) and defaults.
 
-    Episodes: ``config`` (an experiment YAML path or a configs/experiments name; only its
-    episode keys apply) or, without it, :data:`TRAIN_DEFAULTS`; then each of ``cluster``,
-    ``trace``, ``num_workflows``, ``load`` (offered prefill load ρ; setting it drops the config's
-    ``arrival_rate``), ``p_max``, ``d_max`` (slot padding, for ``policy="mlp"`` transfer) that is
-    not None, the ``seed``, ``reward`` (``envs/rewards.py`` name), ``target_alpha`` and
-    ``terminal_weight`` (the tail reward's terminal −(Req99 − 1) weight, or the relative
-    reward's with ``relative_to``). ``relative_to="hexagent"`` trains on the reward relative to
-    HexAgent on the same episode. ``n_envs`` training envs in a ``vec`` ("dummy": one process,
+    Episodes: ``mixture`` (a ``configs/mixtures`` name or YAML path, ``envs.mixture``): the
+    training and teacher episodes draw a setting per reset from it, and the episode fields below
+    set only the evaluation episodes. Otherwise ``config`` (an experiment YAML path or a
+    configs/experiments name; only its episode keys apply) or, without it,
+    :data:`TRAIN_DEFAULTS`; then each of ``cluster``, ``trace``, ``num_workflows``, ``load``
+    (offered prefill load ρ; setting it drops the config's ``arrival_rate``), ``p_max``,
+    ``d_max`` (slot padding, for ``policy="mlp"`` transfer) that is not None, the ``seed``,
+    ``reward`` (``envs/rewards.py`` name), ``target_alpha`` and ``terminal_weight`` (the tail
+    reward's terminal −(Req99 − 1) weight, or the relative reward's with ``relative_to``).
+    ``relative_to="hexagent"`` trains on the reward relative to HexAgent on the same episode. ``n_envs`` training envs in a ``vec`` ("dummy": one process,
     "subproc": one process each) vector env.
 
     Model: ``policy`` ("equivariant", with ``hidden`` embedding width and ``prior`` initial
@@ -61,7 +63,12 @@ class TrainConfig:
 
     Warm start (with ``init_from`` a teacher, see :func:`agents.training.warm_start`):
     ``bc_episodes``, ``bc_epochs``, ``bc_lr``, ``bc_value_coef``, ``dagger_rounds``,
-    ``dagger_episodes``, ``bc_target_prob`` (0 keeps the cloned sharpness).
+    ``dagger_episodes``, ``bc_target_prob`` (0 keeps the cloned sharpness), ``demos`` (a
+    ``.npz`` cache of the teacher's cloning and held-out episodes: loaded when it exists and was
+    collected by the same teacher on the same episodes, else collected and written; teachers
+    like ``hexagent-search`` take minutes per episode). ``init_from`` names the teacher:
+    ``hexagent``, ``hexagent-lookahead`` or ``hexagent-search`` (rollout search, expert
+    iteration's teacher: ``agents/search.py``).
 
     Evaluation and output: every ``eval_every`` env steps on reset seeds ``eval_seeds`` (episodes
     of ``eval_num_workflows`` workflows, None: as training); ``threads`` torch threads;
@@ -78,6 +85,7 @@ class TrainConfig:
 
     # episodes
     config: str | Path | Mapping[str, Any] | None = None
+    mixture: str | Path | None = None
     cluster: str | None = None
     trace: str | None = None
     num_workflows: int | None = None
@@ -113,6 +121,7 @@ class TrainConfig:
     dagger_rounds: int = 2
     dagger_episodes: int = 4
     bc_target_prob: float = 0.0
+    demos: Path | None = None
     # evaluation and output
     eval_every: int = 10_000
     eval_seeds: tuple[int, ...] = (10_000,)
@@ -124,7 +133,7 @@ class TrainConfig:
     verbose: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("logdir", "load_model", "out"):
+        for name in ("logdir", "load_model", "out", "demos"):
             value = getattr(self, name)
             if value is None and name != "logdir":
                 continue
@@ -158,6 +167,16 @@ class TrainConfig:
                     or not math.isfinite(value) or not ok(value)):
                 none = " or None" if name in _OPTIONAL else ""
                 raise TrainConfigError(name, f"must be {valid}{none}, got {value!r}")
+        if self.mixture is not None and not isinstance(self.mixture, str | Path):
+            raise TrainConfigError("mixture", f"must be a mixture name or YAML path, got "
+                                   f"{self.mixture!r}")
+        if self.mixture is not None and self.relative_to != "none":
+            raise TrainConfigError("relative_to", "must be 'none' with a mixture (the reward "
+                                   "relative to HexAgent replays one fixed setting), got "
+                                   f"{self.relative_to!r}")
+        if self.demos is not None and self.init_from == "none":
+            raise TrainConfigError("demos", "caches a teacher's demonstrations: it needs "
+                                   "init_from (a teacher), got init_from='none'")
         if self.bc_target_prob > 0.0 and self.policy == "mlp" and self.load_model is None:
             # calibrate_temperature scales the equivariant network's logits; the MLP has none
             raise TrainConfigError("bc_target_prob", "must be 0 with policy='mlp' (only the "

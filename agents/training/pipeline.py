@@ -22,7 +22,8 @@ from agents.learned import make_model
 from agents.shaping import ReferenceRelativeReward, relative_env_fn
 from agents.training.config import TrainConfig, episode_config
 from agents.training.warmstart import warm_start
-from envs.pd_cluster_env import PDClusterEnv, make_env_fn
+from envs.mixture import MixtureEnv, make_mixture_fn
+from envs.pd_cluster_env import ENV_KEYS, PDClusterEnv, make_env_fn
 
 
 @dataclass(frozen=True)
@@ -128,10 +129,19 @@ class _Evaluations(RolloutEvalCallback):
         self._publish()
 
 
+def _mixture_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    """The env options of ``overrides`` (a mixture's settings bring their own episodes)."""
+    return {k: v for k, v in overrides.items() if k in ENV_KEYS}
+
+
 def _make_envs(config: TrainConfig, episodes: Any, overrides: dict[str, Any],
                shaping: dict[str, Any]) -> tuple[Any, Any]:
     """(the monitored training vector env, the evaluation env)."""
-    fns = [make_env_fn(episodes, rank=i, **overrides) for i in range(config.n_envs)]
+    if config.mixture is not None:
+        fns = [make_mixture_fn(config.mixture, rank=i, seed=config.seed,
+                               **_mixture_overrides(overrides)) for i in range(config.n_envs)]
+    else:
+        fns = [make_env_fn(episodes, rank=i, **overrides) for i in range(config.n_envs)]
     if shaping:
         fns = [relative_env_fn(fn, **shaping) for fn in fns]
     eval_over = dict(overrides)
@@ -189,7 +199,11 @@ def train(config: TrainConfig,
     timings: dict[str, float] = {}
     bc: dict[str, float] = {}
     if config.init_from != "none":
-        demo_env = PDClusterEnv(episodes, **overrides)
+        if config.mixture is not None:
+            demo_env = MixtureEnv(config.mixture, seed=config.seed,
+                                  **_mixture_overrides(overrides))
+        else:
+            demo_env = PDClusterEnv(episodes, **overrides)
         if shaping:
             demo_env = ReferenceRelativeReward(demo_env, **shaping)
         done = warm_start(model, demo_env, teacher=config.init_from, episodes=config.bc_episodes,
@@ -197,7 +211,8 @@ def train(config: TrainConfig,
                           value_coef=config.bc_value_coef, dagger_rounds=config.dagger_rounds,
                           dagger_episodes=config.dagger_episodes,
                           target_prob=config.bc_target_prob, gamma=config.gamma,
-                          seed=config.seed, logger=logger, verbose=config.verbose)
+                          seed=config.seed, logger=logger, verbose=config.verbose,
+                          cache=config.demos)
         timings.update(bc_collect_s=done.collect_s, bc_total_s=done.total_s)
         bc = done.stats
 
@@ -208,6 +223,7 @@ def train(config: TrainConfig,
                  "num_workflows": eval_env.config.num_workflows,
                  "load": overrides.get("load", eval_env.config.load),
                  "init_from": config.init_from, "policy_arch": config.policy,
+                 "mixture": str(config.mixture),
                  "total_timesteps": config.total_timesteps,
                  "relative_to": config.relative_to, "reward": config.reward},
         best_model_path=best_model_path, verbose=config.verbose)

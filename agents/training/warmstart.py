@@ -3,11 +3,16 @@ temperature) before PPO, with ``agents.imitation``."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from agents.imitation import (
+    Demonstrations,
     behaviour_clone,
     calibrate_temperature,
     collect_demonstrations,
@@ -43,7 +48,7 @@ def warm_start(model: Any, env: Any, *, teacher: str | Any = "hexagent", episode
                epochs: int = 3, lr: float = 3e-3, value_coef: float = 0.5,
                dagger_rounds: int = 2, dagger_episodes: int = 4, target_prob: float = 0.0,
                gamma: float = 0.995, seed: int = 0, logger: Any = None,
-               verbose: int = 0) -> WarmStart:
+               verbose: int = 0, cache: Path | None = None) -> WarmStart:
     """Fit ``model.policy`` in place to a teacher before PPO (the PPO optimiser is untouched).
 
     Behaviour cloning on ``episodes`` teacher episodes (reset seeds :data:`DEMO_SEED` on), for
@@ -63,6 +68,8 @@ def warm_start(model: Any, env: Any, *, teacher: str | Any = "hexagent", episode
         logger: an SB3 logger receiving ``bc/*`` after each epoch (step epoch + 1) and
             ``dagger/*`` after each round (step round + 1); None logs nothing.
         verbose: 1 prints a line per epoch, per round and a summary.
+        cache: a ``.npz`` file of the teacher's cloning and held-out episodes
+            (:func:`teacher_episodes`).
 
     Raises:
         TypeError: ``target_prob`` > 0 on a policy without a logit scale (not equivariant).
@@ -70,10 +77,13 @@ def warm_start(model: Any, env: Any, *, teacher: str | Any = "hexagent", episode
     start = time.perf_counter()
     if isinstance(teacher, str):
         teacher = make_policy(teacher)
-    demos = collect_demonstrations(env, range(DEMO_SEED, DEMO_SEED + episodes), gamma=gamma,
-                                   teacher=teacher)
-    held_out = collect_demonstrations(env, [HELD_OUT_SEED], gamma=gamma, teacher=teacher)
+    cached = cache is not None and cache.exists()
+    demos, held_out = teacher_episodes(env, teacher, episodes, gamma, cache)
     collect_s = time.perf_counter() - start
+    if verbose:
+        how = f"read from {cache}" if cached else f"{collect_s:.0f} s"
+        print(f"[bc] {len(demos)} teacher-labelled states from {episodes} episodes ({how})",
+              flush=True)
 
     def log_epoch(epoch: int, stats: dict[str, float]) -> None:
         if logger is not None:
@@ -115,4 +125,51 @@ def warm_start(model: Any, env: Any, *, teacher: str | Any = "hexagent", episode
     return WarmStart(stats, collect_s, total_s)
 
 
-__all__ = ["DEMO_SEED", "HELD_OUT_SEED", "WarmStart", "warm_start"]
+def teacher_episodes(env: Any, teacher: Any, episodes: int, gamma: float,
+                     cache: Path | None = None) -> tuple[Demonstrations, Demonstrations]:
+    """(cloning demonstrations, held-out demonstrations): the teacher's episodes at reset seeds
+    :data:`DEMO_SEED` … and :data:`HELD_OUT_SEED`.
+
+    With ``cache``, a file written by an earlier call with the same teacher (its ``repr``),
+    episodes, ``gamma`` and env (settings, window and padding) is read instead of collecting;
+    otherwise they are collected and written there. Collection is deterministic, so the file
+    holds exactly what collecting again would give.
+
+    Raises:
+        ValueError: ``cache`` exists but was collected differently (the message says how).
+    """
+    meta = json.dumps({"teacher": repr(teacher), "episodes": episodes, "gamma": gamma,
+                       "first_seed": DEMO_SEED, "held_out_seed": HELD_OUT_SEED,
+                       "env": _env_identity(env)}, sort_keys=True, default=str)
+    if cache is not None and cache.exists():
+        with np.load(cache) as data:
+            stored = str(data["meta"])
+            if stored != meta:
+                raise ValueError(f"{cache}: these demonstrations were collected with "
+                                 f"{stored}, not {meta}; pass another demos path or delete "
+                                 f"the file to collect again")
+            arrays = dict(data)
+        return (Demonstrations.from_arrays(arrays, "demo/"),
+                Demonstrations.from_arrays(arrays, "held/"))
+    demos = collect_demonstrations(env, range(DEMO_SEED, DEMO_SEED + episodes), gamma=gamma,
+                                   teacher=teacher)
+    held_out = collect_demonstrations(env, [HELD_OUT_SEED], gamma=gamma, teacher=teacher)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp.npz")  # complete files only: a killed run leaves none
+        np.savez_compressed(tmp, meta=np.asarray(meta), **demos.arrays("demo/"),
+                            **held_out.arrays("held/"))
+        tmp.replace(cache)
+    return demos, held_out
+
+
+def _env_identity(env: Any) -> dict[str, Any]:
+    """What fixes the episodes an env serves and how they are encoded."""
+    base = env.unwrapped
+    settings = getattr(base, "settings", None)
+    return {"settings": settings if settings is not None else repr(base.config.replace(seed=0)),
+            "k": base.k, "p_max": base.p_max, "d_max": base.d_max,
+            "options": repr(base.options) if settings is None else repr(base.envs[0].options)}
+
+
+__all__ = ["DEMO_SEED", "HELD_OUT_SEED", "WarmStart", "teacher_episodes", "warm_start"]
