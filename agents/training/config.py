@@ -53,8 +53,9 @@ class TrainConfig:
     ``d_max`` (slot padding, for ``policy="mlp"`` transfer) that is not None, the ``seed``,
     ``reward`` (``envs/rewards.py`` name), ``target_alpha`` and ``terminal_weight`` (the tail
     reward's terminal −(Req99 − 1) weight, or the relative reward's with ``relative_to``).
-    ``relative_to="hexagent"`` trains on the reward relative to HexAgent on the same episode. ``n_envs`` training envs in a ``vec`` ("dummy": one process,
-    "subproc": one process each) vector env.
+    ``relative_to="hexagent"`` trains on the reward relative to HexAgent on the same episode.
+    ``n_envs`` training envs in a ``vec`` ("dummy": one process, "subproc": one process each)
+    vector env.
 
     Model: ``policy`` ("equivariant", with ``hidden`` embedding width and ``prior`` initial
     weight of its HexAgent indicators, or "mlp"), or ``load_model`` to continue a saved model;
