@@ -1,10 +1,16 @@
-"""Scheduler overhead of a policy: wall time per invocation on one episode."""
+"""Scheduler overhead of a policy (wall time per invocation on one episode) and PPO training
+throughput (``learn()`` steps/s next to CartPole-v1 in the same run)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Any
 
+import gymnasium as gym
 import numpy as np
+import torch as th
+from stable_baselines3.common.callbacks import BaseCallback
 
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.policy import make_policy, run_policy
@@ -36,3 +42,141 @@ def bench_policy(policy: str = "hexagent", trace: str = "bfcl_v3", cluster: str 
     return PolicyBench(policy, result.invocations, float(ms.mean()), float(np.median(ms)),
                        float(np.percentile(ms, 99)), result.scheduler_seconds, result.req99,
                        result.decisions / max(result.invocations, 1))
+
+
+@dataclass(frozen=True)
+class PPORun:
+    """Wall time of one timed MaskablePPO / PPO ``learn()`` (the fastest of ``repeat``)."""
+
+    label: str  # "equivariant", "mlp" (MultiInputPolicy) or "cartpole" (plain PPO, MlpPolicy)
+    timesteps: int  # env steps collected in the timed learn()
+    seconds: float  # wall time of the timed learn()
+    rollout_seconds: float  # collecting rollouts: env steps + policy forward (+ GAE)
+    update_seconds: float  # the PPO update: n_epochs of minibatch forward/backward
+
+    @property
+    def fps(self) -> float:
+        return self.timesteps / self.seconds
+
+    @property
+    def other_seconds(self) -> float:
+        """Neither collection nor update: learn()'s set-up and bookkeeping."""
+        return self.seconds - self.rollout_seconds - self.update_seconds
+
+
+@dataclass(frozen=True)
+class PPOBench:
+    """PPO training throughput on PDClusterEnv (equivariant and MultiInput policies) next to
+    SB3 PPO on CartPole-v1, timed in the same run with the same PPO settings."""
+
+    cluster: str
+    trace: str
+    num_workflows: int
+    n_envs: int
+    n_steps: int
+    runs: tuple[PPORun, ...]
+
+    def run(self, label: str) -> PPORun:
+        return next(r for r in self.runs if r.label == label)
+
+    def ratio(self, label: str, to: str = "cartpole") -> float:
+        """fps of ``label`` over fps of ``to``."""
+        return self.run(label).fps / self.run(to).fps
+
+
+class _PhaseTimer(BaseCallback):
+    """Sums the wall time of rollout collection (rollout start → end) and of the update (rollout
+    end → next rollout start, or the end of learn())."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rollout = self.update = 0.0
+        self._mark: float | None = None
+        self._updating = False
+
+    def _close_update(self, now: float) -> None:
+        if self._updating and self._mark is not None:
+            self.update += now - self._mark
+        self._updating = False
+
+    def _on_rollout_start(self) -> None:
+        now = time.perf_counter()
+        self._close_update(now)
+        self._mark = now
+
+    def _on_rollout_end(self) -> None:
+        now = time.perf_counter()
+        self.rollout += now - self._mark
+        self._mark, self._updating = now, True
+
+    def _on_training_end(self) -> None:
+        self._close_update(time.perf_counter())
+
+    def _on_step(self) -> bool:
+        return True
+
+
+def _time_learn(model: Any, timesteps: int) -> tuple[float, float, float]:
+    """(wall, rollout, update) seconds of ``model.learn(timesteps)`` continuing from its state."""
+    timer = _PhaseTimer()
+    t0 = time.perf_counter()
+    model.learn(timesteps, callback=timer, reset_num_timesteps=False)
+    return time.perf_counter() - t0, timer.rollout, timer.update
+
+
+def _ppo_model(label: str, cluster: str, trace: str, num_workflows: int, load: float,
+               n_envs: int, seed: int, ppo_kwargs: dict[str, Any]) -> Any:
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
+
+    if label == "cartpole":
+        from stable_baselines3 import PPO
+
+        vec = VecMonitor(DummyVecEnv([lambda: gym.make("CartPole-v1")] * n_envs))
+        return PPO("MlpPolicy", vec, seed=seed, device="cpu", verbose=0, **ppo_kwargs)
+    from agents.equivariant_policy import make_model
+    from envs.pd_cluster_env import make_env_fn
+
+    fns = [make_env_fn(cluster=cluster, trace=trace, num_workflows=num_workflows, load=load,
+                       seed=seed, rank=i) for i in range(n_envs)]
+    vec = VecMonitor(DummyVecEnv(fns))
+    return make_model(vec, label, seed=seed, device="cpu", verbose=0, **ppo_kwargs)
+
+
+PPO_LABELS = ("equivariant", "mlp", "cartpole")
+
+
+def bench_ppo(cluster: str = "hetero-1", trace: str = "bfcl_v3", num_workflows: int = 100,
+              load: float = 1.0, n_envs: int = 2, n_steps: int = 512, batch_size: int = 256,
+              n_epochs: int = 4, timesteps: int = 2048, repeat: int = 3, seed: int = 0,
+              labels: tuple[str, ...] = PPO_LABELS) -> PPOBench:
+    """Time MaskablePPO ``learn()`` on PDClusterEnv and SB3 PPO on CartPole-v1.
+
+    For each of ``labels`` ("equivariant": :class:`~agents.equivariant_policy.EquivariantPolicy`,
+    "mlp": sb3-contrib's ``MultiInputPolicy``, "cartpole": PPO ``MlpPolicy`` on CartPole-v1)
+    one model on ``n_envs`` envs in a ``VecMonitor(DummyVecEnv)`` (as ``scripts/train.py``
+    builds them; the defaults are its episodes, envs, n_steps, batch size and epochs; the other
+    PPO hyperparameters are SB3's and do not change the cost) learns one warm-up rollout and
+    update, then ``timesteps`` steps are timed, ``repeat`` times; the fastest counts. The
+    timed wall time is split into rollout collection and the PPO update. Torch runs on one
+    thread (the training default); the previous thread count is restored afterwards.
+    """
+    ppo_kwargs = dict(n_steps=n_steps, batch_size=batch_size, n_epochs=n_epochs)
+    threads = th.get_num_threads()
+    th.set_num_threads(1)
+    runs = []
+    try:
+        for label in labels:
+            model = _ppo_model(label, cluster, trace, num_workflows, load, n_envs, seed,
+                               ppo_kwargs)
+            model.learn(n_steps * n_envs)  # warm-up: first reset, one rollout and update
+            best = None
+            for _ in range(repeat):
+                start = model.num_timesteps
+                wall, rollout, update = _time_learn(model, timesteps)
+                run = PPORun(label, model.num_timesteps - start, wall, rollout, update)
+                if best is None or run.fps > best.fps:
+                    best = run
+            runs.append(best)
+    finally:
+        th.set_num_threads(threads)
+    return PPOBench(cluster, trace, num_workflows, n_envs, n_steps, tuple(runs))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch as th
 from torch import nn
+from torch.nn import functional as F
 
 from envs.encoding import CALL_FEATURES, DECODE_FEATURES, PREFILL_FEATURES
 
@@ -68,23 +69,39 @@ def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, n_out), nn.ReLU())
 
 
+def _run(seq: nn.Sequential, x: th.Tensor) -> th.Tensor:
+    """``seq(x)`` for a Sequential of Linear and ReLU layers (nested ones too), calling the
+    torch functions the layers call without a Module call per layer: the same arithmetic, and
+    at a rollout step (two observations) those calls cost about as much as the layers."""
+    for layer in seq:
+        kind = type(layer)
+        if kind is nn.Linear:
+            x = F.linear(x, layer.weight, layer.bias)
+        elif kind is nn.ReLU and not layer.inplace:
+            x = th.relu(x)
+        elif kind is nn.Sequential:
+            x = _run(layer, x)
+        else:
+            x = layer(x)
+    return x
+
+
 def _masked_pool(x: th.Tensor, mask: th.Tensor) -> th.Tensor:
     """[mean, max] of ``x`` (B, N, H) over rows where ``mask`` (B, N); zeros for empty sets."""
     m = mask.unsqueeze(-1).to(x.dtype)
     count = m.sum(dim=1).clamp(min=1.0)
     mean = (x * m).sum(dim=1) / count
-    mx = th.where(mask.unsqueeze(-1), x, th.full_like(x, -_BIG)).amax(dim=1)
-    mx = th.where(mask.any(dim=1, keepdim=True), mx, th.zeros_like(mx))
+    mx = th.where(mask.unsqueeze(-1), x, -_BIG).amax(dim=1)
+    mx = th.where(mask.any(dim=1, keepdim=True), mx, 0.0)
     return th.cat([mean, mx], dim=-1)
 
 
 def _masked_extreme(x: th.Tensor, mask: th.Tensor, dims: tuple[int, ...],
                     largest: bool) -> th.Tensor:
     """Max (or min) of ``x`` over ``dims`` among ``mask``; 0 where nothing is valid."""
-    fill = -_BIG if largest else _BIG
-    y = th.where(mask, x, th.full_like(x, fill))
+    y = th.where(mask, x, -_BIG if largest else _BIG)
     y = y.amax(dim=dims, keepdim=True) if largest else y.amin(dim=dims, keepdim=True)
-    return th.where(y.abs() < _BIG / 2, y, th.zeros_like(y))
+    return th.where(y.abs() < _BIG / 2, y, 0.0)
 
 
 class EquivariantNet(nn.Module):
@@ -113,6 +130,11 @@ class EquivariantNet(nn.Module):
         self.decode_columns = list(range(n_decode)) if decode_columns is None \
             else list(decode_columns)
         n_prefill, n_decode = len(self.prefill_columns), len(self.decode_columns)
+        # the same columns as index tensors (index_select is cheaper than indexing by a list)
+        self.register_buffer("_prefill_index", th.tensor(self.prefill_columns, dtype=th.long),
+                             persistent=False)
+        self.register_buffer("_decode_index", th.tensor(self.decode_columns, dtype=th.long),
+                             persistent=False)
         self.call_mlp = _mlp(2 * n_call + N_REL + g, hidden, hidden)
         self.context_mlp = _mlp(3 * hidden, hidden, hidden)
         self.prefill_mlp = _mlp(2 * n_prefill + g, hidden, hidden)
@@ -149,6 +171,38 @@ class EquivariantNet(nn.Module):
 
     # -- pieces ---------------------------------------------------------------------------------
     @staticmethod
+    def _delta_parts(calls: th.Tensor, delta: th.Tensor, valid: th.Tensor
+                     ) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+        """(Δ clipped to [0, 100], each call's min Δ (B, K, 1, 1), the decision's min Δ
+        (B, 1, 1, 1), each call's relative risk (B, K)) over the valid triples."""
+        d = delta.clamp(min=0.0, max=100.0)
+        any_valid = valid.flatten(2).any(dim=-1)  # (B, K) call has a valid pair
+        dmin_c = _masked_extreme(d, valid, (2, 3), largest=False)  # (B, K, 1, 1)
+        dmin_all = _masked_extreme(d, valid, (1, 2, 3), largest=False)
+        risk_c = ((calls[..., _AGE] + dmin_c[..., 0, 0]) / calls[..., _H_EST].clamp(min=1e-4))
+        risk_c = risk_c.clamp(max=100.0)
+        top = _masked_extreme(risk_c, any_valid, (1,), largest=True)
+        rel_risk = th.where(any_valid, (risk_c - top).clamp(min=-20.0), 0.0)
+        return d, dmin_c, dmin_all, rel_risk
+
+    @staticmethod
+    def _stack_features(d: th.Tensor, dmin_c: th.Tensor, dmin_all: th.Tensor, age: th.Tensor,
+                        h: th.Tensor, rel_risk: th.Tensor) -> th.Tensor:
+        """The N_DELTA columns of :meth:`delta_features` from broadcastable parts."""
+        gap = d - dmin_c
+        return th.stack([
+            d.clamp(max=20.0),
+            th.log1p(d),
+            gap.clamp(max=20.0),
+            (gap / (dmin_c + 0.05)).clamp(max=10.0),
+            (d - dmin_all).clamp(max=20.0),
+            ((age + d) / h).clamp(max=20.0),
+            rel_risk.expand_as(d),
+            (gap <= 1e-6 * (1.0 + dmin_c)).to(d.dtype),
+            (rel_risk >= -1e-6).expand_as(d).to(d.dtype),
+        ], dim=-1)
+
+    @staticmethod
     def delta_features(calls: th.Tensor, delta: th.Tensor,
                        valid: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         """Per-triple features (B, K, P, D, N_DELTA), zero where invalid, and each call's
@@ -159,60 +213,69 @@ class EquivariantNet(nn.Module):
         relative risk, and two indicators: the pair is the call's argmin Δ, the call has the
         largest risk. HexAgent's pick is the triple with both indicators set, so the reference
         heuristic is one linear weight vector away and PPO learns where to deviate from it.
+
+        The network computes these columns for the valid triples only
+        (:meth:`valid_delta_features`, the same numbers); this full grid is the reference.
         """
-        d = delta.clamp(min=0.0, max=100.0)
-        any_valid = valid.flatten(2).any(dim=-1)  # (B, K) call has a valid pair
-        dmin_c = _masked_extreme(d, valid, (2, 3), largest=False)  # (B, K, 1, 1)
-        dmin_all = _masked_extreme(d, valid, (1, 2, 3), largest=False)
-        age = calls[..., _AGE, None, None]
-        h = calls[..., _H_EST, None, None].clamp(min=1e-4)
-        risk_c = ((calls[..., _AGE] + dmin_c[..., 0, 0]) / calls[..., _H_EST].clamp(min=1e-4))
-        risk_c = risk_c.clamp(max=100.0)
-        top = _masked_extreme(risk_c, any_valid, (1,), largest=True)
-        rel_risk = th.where(any_valid, (risk_c - top).clamp(min=-20.0), th.zeros_like(risk_c))
-        feats = th.stack([
-            d.clamp(max=20.0),
-            th.log1p(d),
-            (d - dmin_c).clamp(max=20.0),
-            ((d - dmin_c) / (dmin_c + 0.05)).clamp(max=10.0),
-            (d - dmin_all).clamp(max=20.0),
-            ((age + d) / h).clamp(max=20.0),
-            rel_risk[..., None, None].expand_as(d),
-            (d - dmin_c <= 1e-6 * (1.0 + dmin_c)).to(d.dtype),
-            (rel_risk >= -1e-6)[..., None, None].expand_as(d).to(d.dtype),
-        ], dim=-1)
+        d, dmin_c, dmin_all, rel_risk = EquivariantNet._delta_parts(calls, delta, valid)
+        feats = EquivariantNet._stack_features(
+            d, dmin_c, dmin_all, calls[..., _AGE, None, None],
+            calls[..., _H_EST, None, None].clamp(min=1e-4), rel_risk[..., None, None])
         return feats * valid.unsqueeze(-1).to(feats.dtype), rel_risk
 
+    @staticmethod
+    def valid_delta_features(calls: th.Tensor, delta: th.Tensor, valid: th.Tensor
+                             ) -> tuple[th.Tensor, th.Tensor, tuple[th.Tensor, ...]]:
+        """:meth:`delta_features` at the valid triples only: (features (M, N_DELTA), relative
+        risk (B, K), the triples' indices (b, k, p, d) in ``valid.nonzero`` order).
+
+        The same numbers as ``delta_features(...)[0][b, k, p, d]``, computed on M rows instead
+        of the B·K·P·D grid (at a decision point a few percent of the grid is valid: most slots
+        are empty or picked, and a decode stage has one valid pair), which is most of the
+        forward pass of a PPO minibatch.
+        """
+        d, dmin_c, dmin_all, rel_risk = EquivariantNet._delta_parts(calls, delta, valid)
+        index = valid.nonzero(as_tuple=True)
+        b, k = index[0], index[1]
+        feats = EquivariantNet._stack_features(
+            d[index], dmin_c[b, k, 0, 0], dmin_all[b, 0, 0, 0], calls[b, k, _AGE],
+            calls[b, k, _H_EST].clamp(min=1e-4), rel_risk[b, k])
+        return feats, rel_risk, index
+
     def embed(self, obs: dict[str, th.Tensor]) -> dict[str, th.Tensor]:
-        """Embeddings and masks of calls (B, K, H), prefill (B, P, H), decode (B, D, H)."""
+        """Embeddings and masks of calls (B, K, H), prefill (B, P, H), decode (B, D, H); the
+        valid triples' indices (``index``) and Δ features (``phi``, (M, N_DELTA))."""
         calls, delta = obs["calls"], obs["delta"]
         g = _expand(obs["globals"])
         B, K = calls.shape[:2]
         valid = delta >= 0.0  # (B, K, P, D): what the env's mask allows
         live = (calls[..., _PRESENT] > 0.5) & (calls[..., _PICKED] < 0.5)
-        phi, rel_risk = self.delta_features(calls, delta, valid)
+        phi, rel_risk, index = self.valid_delta_features(calls, delta, valid)
 
         def rel(col: int, largest: bool) -> th.Tensor:
             x = calls[..., col]
             ext = _masked_extreme(x, live, (1,), largest=largest)
-            return th.where(live, (x - ext).clamp(-20.0, 20.0), th.zeros_like(x))
+            return th.where(live, (x - ext).clamp(-20.0, 20.0), 0.0)
 
         rel_feats = th.stack([rel_risk, rel(_AGE, True), rel(_WAIT, True),
                               rel(_MIN_DELTA, False)], dim=-1)
-        e_c = self.call_mlp(th.cat([_expand(calls), rel_feats,
-                                    g[:, None, :].expand(B, K, -1)], dim=-1))
+        e_c = _run(self.call_mlp, th.cat([_expand(calls), rel_feats,
+                                          g[:, None, :].expand(B, K, -1)], dim=-1))
         pooled = _masked_pool(e_c, live)
-        e_c = e_c + self.context_mlp(th.cat([e_c, pooled[:, None, :].expand(B, K, -1)], dim=-1))
+        e_c = e_c + _run(self.context_mlp,
+                         th.cat([e_c, pooled[:, None, :].expand(B, K, -1)], dim=-1))
 
         pre, dec = obs["prefill"], obs["decode"]
         p_present, d_present = pre[..., 0] > 0.5, dec[..., 0] > 0.5
-        pre, dec = pre[..., self.prefill_columns], dec[..., self.decode_columns]
-        e_p = self.prefill_mlp(th.cat([_expand(pre), g[:, None, :].expand(B, pre.shape[1], -1)],
-                                      dim=-1))
-        e_d = self.decode_mlp(th.cat([_expand(dec), g[:, None, :].expand(B, dec.shape[1], -1)],
-                                     dim=-1))
+        pre = pre.index_select(-1, self._prefill_index)
+        dec = dec.index_select(-1, self._decode_index)
+        e_p = _run(self.prefill_mlp,
+                   th.cat([_expand(pre), g[:, None, :].expand(B, pre.shape[1], -1)], dim=-1))
+        e_d = _run(self.decode_mlp,
+                   th.cat([_expand(dec), g[:, None, :].expand(B, dec.shape[1], -1)], dim=-1))
         return {"calls": e_c, "prefill": e_p, "decode": e_d, "globals": g, "phi": phi,
-                "valid": valid, "live": live, "p_present": p_present, "d_present": d_present}
+                "index": index, "valid": valid, "live": live, "p_present": p_present,
+                "d_present": d_present}
 
     def logits(self, emb: dict[str, th.Tensor]) -> th.Tensor:
         """One logit per triple, flattened as the env's actions: (B, K·P·D).
@@ -222,10 +285,9 @@ class EquivariantNet(nn.Module):
         pair is valid, so this skips most of the K·P·D grid. Invalid triples get logit 0 and are
         masked by MaskablePPO.
         """
-        e_c, e_p, e_d, phi = emb["calls"], emb["prefill"], emb["decode"], emb["phi"]
+        e_c, e_p, e_d, f = emb["calls"], emb["prefill"], emb["decode"], emb["phi"]
         valid = emb["valid"]
-        b, k, p, d = valid.nonzero(as_tuple=True)
-        f = phi[b, k, p, d]  # (M, N_DELTA)
+        b, k, p, d = emb["index"]  # the valid triples; f: their features (M, N_DELTA)
         h = (self.score_call(e_c)[b, k] + self.score_prefill(e_p)[b, p]
              + self.score_decode(e_d)[b, d] + self.score_delta(f))
         scores = (self.score_out(th.relu(h)) + self.skip_delta(f)
@@ -239,7 +301,7 @@ class EquivariantNet(nn.Module):
         x = th.cat([_masked_pool(emb["calls"], emb["live"]),
                     _masked_pool(emb["prefill"], emb["p_present"]),
                     _masked_pool(emb["decode"], emb["d_present"]), emb["globals"]], dim=-1)
-        return self.value_mlp(x)
+        return _run(self.value_mlp, x)
 
     def forward(self, obs: dict[str, th.Tensor]) -> tuple[th.Tensor, th.Tensor]:
         emb = self.embed(obs)

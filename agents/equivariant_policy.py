@@ -32,6 +32,20 @@ from agents.equivariant_net import STATIC_INSTANCE_FEATURES, EquivariantNet
 from envs.encoding import DECODE_FEATURES, PREFILL_FEATURES
 
 
+def _masked_log_probs(logits: th.Tensor, action_masks: Any) -> tuple[th.Tensor, th.Tensor]:
+    """(masked log-probabilities (B, A), boolean masks (B, A)) of a batch of logits, computed
+    as sb3-contrib's ``MaskableCategorical`` does (normalise, set invalid actions to −1e8,
+    normalise again), without building its distribution objects twice and validating them on
+    every call: the same numbers bit for bit, and the same gradients. ``forward`` and
+    ``evaluate_actions`` (every rollout step and every PPO minibatch) use it; ``get_distribution``
+    still returns sb3-contrib's distribution."""
+    logits = logits.view(-1, logits.shape[-1])
+    logits = logits - logits.logsumexp(dim=-1, keepdim=True)
+    masks = th.as_tensor(action_masks, dtype=th.bool, device=logits.device).reshape(logits.shape)
+    logits = th.where(masks, logits, th.tensor(-1e8, dtype=logits.dtype, device=logits.device))
+    return logits - logits.logsumexp(dim=-1, keepdim=True), masks
+
+
 class DictPassThrough(BaseFeaturesExtractor):
     """Hands the Dict observation to the policy unchanged (the policy does its own encoding)."""
 
@@ -142,17 +156,45 @@ class EquivariantPolicy(MaskableActorCriticPolicy):
     def forward(self, obs: dict[str, th.Tensor], deterministic: bool = False,
                 action_masks: np.ndarray | None = None
                 ) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
+        """Actions, values and log-probabilities of a batch (what a rollout step calls, under
+        ``th.no_grad``). Without gradients it runs in ``th.inference_mode`` (less autograd
+        bookkeeping per op; the same numbers) and returns ordinary tensors."""
+        if action_masks is None or th.is_grad_enabled():
+            return self._forward(obs, deterministic, action_masks)
+        with th.inference_mode():
+            actions, values, log_prob = self._forward(obs, deterministic, action_masks)
+        return actions.clone(), values.clone(), log_prob.clone()
+
+    def _forward(self, obs: dict[str, th.Tensor], deterministic: bool,
+                 action_masks: np.ndarray | None) -> tuple[th.Tensor, th.Tensor, th.Tensor]:
         logits, values = self.net(self._net_obs(obs))
-        dist = self._distribution(logits, action_masks)
-        actions = dist.get_actions(deterministic=deterministic)
-        return actions.reshape((-1, *self.action_space.shape)), values, dist.log_prob(actions)
+        if action_masks is None:
+            dist = self._distribution(logits, action_masks)
+            actions = dist.get_actions(deterministic=deterministic)
+            return (actions.reshape((-1, *self.action_space.shape)), values,
+                    dist.log_prob(actions))
+        log_p, _ = _masked_log_probs(logits, action_masks)
+        probs = th.softmax(log_p, dim=-1)
+        if deterministic:
+            actions = th.argmax(probs, dim=1)
+        else:  # Categorical.sample: one draw per row, the same use of torch's RNG
+            actions = th.multinomial(probs, 1, True).T.reshape(-1)
+        log_prob = log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        return actions.reshape((-1, *self.action_space.shape)), values, log_prob
 
     def evaluate_actions(self, obs: dict[str, th.Tensor], actions: th.Tensor,
                          action_masks: th.Tensor | None = None
                          ) -> tuple[th.Tensor, th.Tensor, th.Tensor | None]:
         logits, values = self.net(self._net_obs(obs))
-        dist = self._distribution(logits, action_masks)
-        return values, dist.log_prob(actions), dist.entropy()
+        if action_masks is None:
+            dist = self._distribution(logits, action_masks)
+            return values, dist.log_prob(actions), dist.entropy()
+        log_p, masks = _masked_log_probs(logits, action_masks)
+        log_prob = log_p.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        # MaskableCategorical.entropy: masked actions contribute nothing
+        p_log_p = th.where(masks, log_p * th.softmax(log_p, dim=-1),
+                           th.tensor(0.0, device=log_p.device))
+        return values, log_prob, -p_log_p.sum(-1)
 
     def get_distribution(self, obs: dict[str, th.Tensor],
                          action_masks: np.ndarray | None = None) -> MaskableDistribution:

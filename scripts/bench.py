@@ -2,6 +2,7 @@
 
 Usage:
     python scripts/bench.py                        # speed figures (docs/performance.md)
+    python scripts/bench.py --no-scaling --no-ppo  # without the two slowest parts
     python scripts/bench.py --ci                   # + every policy on small fixed traces;
                                                    #   exit 1 if HexAgent's Req99 regressed
     python scripts/bench.py --ci --update-baseline # rewrite .ci/baseline.json
@@ -15,7 +16,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from agents.benchmark import bench_policy
+from agents.benchmark import bench_policy, bench_ppo
 from agents.regression import check, format_table, load_baseline, run_ci_cases, save_baseline
 from hexagent_gym.benchmark import bench_core, bench_timeline
 
@@ -36,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ci", action="store_true", help="also run the small-trace check")
     parser.add_argument("--no-scaling", action="store_true",
                         help="skip the scaling table (whole rollouts up to 64P+64D, ~1 min)")
+    parser.add_argument("--no-ppo", action="store_true",
+                        help="skip PPO training throughput (MaskablePPO learn() fps, ~25 s)")
     parser.add_argument("--update-baseline", action="store_true")
     parser.add_argument("--tolerance", type=float, default=0.02,
                         help="allowed relative rise of HexAgent's Req99 (default 0.02)")
@@ -80,6 +83,18 @@ def main(argv: list[str] | None = None) -> int:
                   f"us/step, {env.picks_per_decision:.2f} picks per decision point); "
                   f"CartPole-v1 in the same run: {env.cartpole_steps_per_s:.0f} "
                   f"(ratio {env.steps_per_s / env.cartpole_steps_per_s:.2f})")
+        if not args.no_ppo:
+            ppo = bench_ppo(args.cluster, args.trace, repeat=args.repeat, seed=args.seed)
+            cart = ppo.run("cartpole")
+            print(f"PPO training fps (learn(), {ppo.n_envs} envs x n_steps {ppo.n_steps}, "
+                  f"{cart.timesteps} steps timed, 1 torch thread) on {args.cluster} / "
+                  f"{args.trace}, {ppo.num_workflows} workflows; CartPole-v1 PPO in the same "
+                  f"run: {cart.fps:.0f}")
+            print("  " + "; ".join(
+                f"{name} {r.fps:.0f} ({ppo.ratio(r.label):.2f}x CartPole; rollout "
+                f"{r.rollout_seconds:.2f} s + update {r.update_seconds:.2f} s)"
+                for name, r in (("equivariant", ppo.run("equivariant")),
+                                ("MultiInput", ppo.run("mlp")))))
         if not args.no_scaling:
             from envs.benchmark import bench_scaling
 
