@@ -75,12 +75,17 @@ class HexAgentSearch(HexAgentPolicy):
         self._shared: dict | None = None
         self.rollouts = 0  # rollouts run this episode (cost accounting)
         self.changed = 0  # picks where a candidate other than HexAgent's won
+        # one row per changed pick: (kind, window size, Req99 gain, mean-ratio gain) of the
+        # winner over HexAgent's candidate; kind "pair" (HexAgent's call, another pair) or
+        # "call" (another call first)
+        self.deviations: list[tuple[str, int, float, float]] = []
 
     def reset(self, sim) -> None:
         super().reset(sim)
         self._sim = sim
         self._shared = shared_objects(sim)
         self.rollouts = self.changed = 0
+        self.deviations = []
 
     def pick(self, dp: DecisionPoint) -> tuple[int, int, int]:
         own = super().pick(dp)
@@ -89,13 +94,17 @@ class HexAgentSearch(HexAgentPolicy):
         cands = self.candidates(dp, own)
         if len(cands) == 1:
             return own
-        best, best_score = own, self._score(cands[0])
+        own_score = self._score(cands[0])
+        best, best_score = own, own_score
         for cand in cands[1:]:
             score = self._score(cand)
             if score < best_score:  # strict: ties keep the earlier (HexAgent-preferred) one
                 best, best_score = cand, score
         if best != own:
             self.changed += 1
+            kind = "pair" if best[0] == own[0] else "call"
+            self.deviations.append((kind, len(dp.calls), own_score[0] - best_score[0],
+                                    own_score[1] - best_score[1]))
         return best
 
     def candidates(self, dp: DecisionPoint,

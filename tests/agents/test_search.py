@@ -106,6 +106,12 @@ def test_oracle_search_is_never_worse_than_hexagent_on_its_objective():
     key = (result.req99, float(result.ratios.mean()))
     assert key <= (base.req99, float(base.ratios.mean()))
     assert search.changed > 0 and search.rollouts > search.changed
+    # every change is recorded with a strict improvement of the (Req99, mean ratio) score
+    assert len(search.deviations) == search.changed
+    for kind, window, d99, dmean in search.deviations:
+        assert kind in ("pair", "call") and window >= 1
+        assert d99 > 0 or (d99 == 0 and dmean > 0)
+        assert kind == "pair" or window >= 2  # another call needs a second call
 
 
 def test_bad_arguments_are_named():
