@@ -39,7 +39,7 @@ class ReferenceRelativeReward(gym.Wrapper):
         reference: registered policy name run on the same episode.
         alpha: α of g (None: the env's ``target_alpha``).
         terminal_weight: weight of the Req99 difference paid when the episode drains.
-        cache_size: reference results kept by episode seed (evaluation re-uses seeds).
+        cache_size: reference results kept by episode (evaluation re-uses seeds).
 
     The step info of the final step gains ``reference_req99`` and ``relative_return``.
     """
@@ -50,7 +50,7 @@ class ReferenceRelativeReward(gym.Wrapper):
         self.reference = reference
         self.alpha = float(env.unwrapped.options.target_alpha if alpha is None else alpha)
         self.terminal_weight = float(terminal_weight)
-        self._cache: OrderedDict[int, tuple[np.ndarray, float]] = OrderedDict()
+        self._cache: OrderedDict[tuple, tuple[np.ndarray, float]] = OrderedDict()
         self._cache_size = cache_size
         self._ref = np.zeros(0)
         self._ref_req99 = 0.0
@@ -58,12 +58,14 @@ class ReferenceRelativeReward(gym.Wrapper):
         self._return = 0.0
 
     def _reference(self, episode_seed: int) -> tuple[np.ndarray, float]:
-        hit = self._cache.get(episode_seed)
+        base = self.env.unwrapped
+        # keyed by the episode's config too: a MixtureEnv serves several settings
+        key = (base.config, episode_seed)
+        hit = self._cache.get(key)
         if hit is None:
-            base = self.env.unwrapped
             result = run_policy(base.factory.simulator(episode_seed), make_policy(self.reference))
             hit = (np.asarray(result.ratios, dtype=float), float(result.req99))
-            self._cache[episode_seed] = hit
+            self._cache[key] = hit
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return hit

@@ -171,10 +171,6 @@ class TrainConfig:
         if self.mixture is not None and not isinstance(self.mixture, str | Path):
             raise TrainConfigError("mixture", f"must be a mixture name or YAML path, got "
                                    f"{self.mixture!r}")
-        if self.mixture is not None and self.relative_to != "none":
-            raise TrainConfigError("relative_to", "must be 'none' with a mixture (the reward "
-                                   "relative to HexAgent replays one fixed setting), got "
-                                   f"{self.relative_to!r}")
         if self.demos is not None and self.init_from == "none":
             raise TrainConfigError("demos", "caches a teacher's demonstrations: it needs "
                                    "init_from (a teacher), got init_from='none'")

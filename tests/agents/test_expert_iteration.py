@@ -86,3 +86,22 @@ def test_training_on_a_mixture_with_the_search_teacher(tmp_path):
     # the saved model schedules a cluster of another size than any it was trained on
     other = PDClusterEnv(None, cluster="hetero-1", trace="bfcl_v3", num_workflows=5, load=1.0)
     assert len(other.rollout(result.model_path, seed=0).ratios) == 5
+
+
+def test_relative_reward_on_a_mixture_pays_hexagent_nothing():
+    """The reward relative to HexAgent replays each episode's own setting: HexAgent earns 0."""
+    from agents.shaping import ReferenceRelativeReward
+
+    env = ReferenceRelativeReward(MixtureEnv(TINY_MIX))
+    settings = set()
+    for seed in range(4):
+        _, info = env.reset(seed=seed)
+        settings.add(info["setting"])
+        policy = HexAgentPolicy()
+        policy.reset(env.unwrapped.simulator)
+        done = False
+        while not done:
+            pick = policy.pick(env.unwrapped.decision_point)
+            _, _, done, _, info = env.step(env.unwrapped.encode_action(*pick))
+        assert info["relative_return"] == 0.0 and info["reference_req99"] == info["req99"]
+    assert len(settings) >= 2

@@ -128,8 +128,6 @@ def test_warm_start_clones_the_teacher():
     ({"init_from": "fcfs"}, "TrainConfig.init_from must be one of 'none', 'hexagent', "
                             "'hexagent-lookahead', 'hexagent-search'"),
     ({"mixture": 3}, "TrainConfig.mixture must be a mixture name or YAML path, got 3"),
-    ({"mixture": "bfcl-mix", "relative_to": "hexagent"}, "TrainConfig.relative_to must be "
-                                                         "'none' with a mixture"),
     ({"demos": "d.npz"}, "TrainConfig.demos caches a teacher's demonstrations: it needs "
                          "init_from"),
     ({"gamma": 1.5}, r"TrainConfig.gamma must be a number in \(0, 1\], got 1.5"),
