@@ -38,6 +38,7 @@ from hexagent_gym.cluster import load_cluster
 from hexagent_gym.cluster_sampling import ClusterDistribution, sample_clusters
 from hexagent_gym.config import ConfigError, load_named
 from hexagent_gym.episode import EPISODE_KEYS
+from hexagent_gym.hardware import check_keys
 from hexagent_gym.specs import TraceError
 
 _MIXTURE_KEYS = ("name", "description", "episode", "settings", "generated")
@@ -57,10 +58,7 @@ def load_mixture(spec: str | Path | Mapping[str, Any]) -> tuple[str, list[dict[s
         data, source = dict(spec), "<mixture dict>"
     else:
         data, source = load_named("mixtures", spec)
-    unknown = [k for k in data if k not in _MIXTURE_KEYS]
-    if unknown:
-        raise ConfigError(f"{source}: unknown key '{unknown[0]}'; valid keys: "
-                          f"{', '.join(_MIXTURE_KEYS)}")
+    check_keys(data, _MIXTURE_KEYS, source)
     shared = data.get("episode") or {}
     if not isinstance(shared, Mapping):
         raise ConfigError(f"{source}: field 'episode' must be a mapping of episode keys")
@@ -83,19 +81,13 @@ def load_mixture(spec: str | Path | Mapping[str, Any]) -> tuple[str, list[dict[s
 
 
 def _check_episode_keys(entry: Mapping[str, Any], where: str) -> None:
-    bad = [k for k in entry if k not in EPISODE_KEYS]
-    if bad:
-        raise ConfigError(f"{where}: unknown episode key '{bad[0]}'; valid: "
-                          f"{', '.join(EPISODE_KEYS)}")
+    check_keys(entry, EPISODE_KEYS, where)
 
 
 def _generated(gen: Any, shared: Mapping[str, Any], where: str) -> list[dict[str, Any]]:
     if not isinstance(gen, Mapping):
         raise ConfigError(f"{where} must be a mapping with keys {', '.join(_GENERATED_KEYS)}")
-    unknown = [k for k in gen if k not in _GENERATED_KEYS]
-    if unknown:
-        raise ConfigError(f"{where}: unknown key '{unknown[0]}'; valid keys: "
-                          f"{', '.join(_GENERATED_KEYS)}")
+    check_keys(gen, _GENERATED_KEYS, where)
     count, seed = gen.get("count"), gen.get("seed", 0)
     for name, value, low in (("count", count, 1), ("seed", seed, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:

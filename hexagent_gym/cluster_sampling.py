@@ -20,6 +20,7 @@ import numpy as np
 
 from hexagent_gym.cluster import register_cluster
 from hexagent_gym.config import ConfigError, known_names
+from hexagent_gym.hardware import check_keys
 
 _FIELDS = ("model", "tp", "gpus", "prefill", "decode", "network")
 
@@ -71,10 +72,7 @@ class ClusterDistribution:
         """Build from a config mapping; unknown keys and bad values name ``source``."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"{source}: expected a mapping, got {type(data).__name__}")
-        unknown = [k for k in data if k not in _FIELDS]
-        if unknown:
-            raise ConfigError(f"{source}: unknown key '{unknown[0]}'; valid keys: "
-                              f"{', '.join(_FIELDS)}")
+        check_keys(data, _FIELDS, source)
         try:
             return cls(**data)
         except ConfigError as exc:

@@ -71,7 +71,7 @@ def test_a_name_cannot_be_reused_for_other_content():
     ({"decode": [0, 2]}, "decode must be \\[lowest, highest\\]"),
     ({"tp": 0}, "tp must be an integer >= 1"),
     ({"model": "gpt-9"}, "unknown model 'gpt-9'"),
-    ({"size": 3}, "unknown key 'size'; valid keys: model, tp, gpus, prefill, decode, network"),
+    ({"size": 3}, "unknown field 'size'; valid fields: model, tp, gpus, prefill, decode, network"),
 ])
 def test_bad_distributions_name_the_field(fields, message):
     with pytest.raises(ConfigError, match=f"mix.yaml: .*{message}"):

@@ -81,9 +81,9 @@ def test_the_thunk_pickles_and_builds_the_same_mixture():
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"weights": [1]}, "unknown key 'weights'; valid keys: name, description, episode"),
-    ({"settings": [{"cluster": "tiny-2p2d", "speed": 2}]}, "settings\\[0\\]: unknown episode "
-                                                          "key 'speed'"),
+    ({"weights": [1]}, "unknown field 'weights'; valid fields: name, description, episode"),
+    ({"settings": [{"cluster": "tiny-2p2d", "speed": 2}]}, "settings\\[0\\]: unknown field "
+                                                          "'speed'"),
     ({"settings": [], "generated": None}, "no settings"),
     ({"generated": {**TINY_MIX["generated"], "load": [2.0, 1.0]}},
      "generated'.load must be \\[lowest, highest\\]"),
@@ -104,7 +104,7 @@ def test_bad_mixtures_name_the_field(change, message):
 def test_a_mixture_file_error_names_the_file(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text("name: m\nsettings:\n  - {cluster: tiny-2p2d, trace: bfcl_v3, lod: 1}\n")
-    with pytest.raises(ConfigError, match=f"{path}: settings\\[0\\]: unknown episode key 'lod'"):
+    with pytest.raises(ConfigError, match=f"{path}: settings\\[0\\]: unknown field 'lod'.*Did you mean: `load`"):
         MixtureEnv(path)
     with pytest.raises(ConfigError, match="unknown mixture 'nope'; known: bfcl-mix"):
         MixtureEnv("nope")
