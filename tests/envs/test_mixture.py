@@ -104,7 +104,8 @@ def test_bad_mixtures_name_the_field(change, message):
 def test_a_mixture_file_error_names_the_file(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text("name: m\nsettings:\n  - {cluster: tiny-2p2d, trace: bfcl_v3, lod: 1}\n")
-    with pytest.raises(ConfigError, match=f"{path}: settings\\[0\\]: unknown field 'lod'.*Did you mean: `load`"):
+    with pytest.raises(ConfigError,
+                       match=f"{path}: settings\\[0\\]: unknown field 'lod'.*Did you mean: `load`"):
         MixtureEnv(path)
     with pytest.raises(ConfigError, match="unknown mixture 'nope'; known: bfcl-mix"):
         MixtureEnv("nope")
