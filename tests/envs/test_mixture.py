@@ -109,3 +109,11 @@ def test_a_mixture_file_error_names_the_file(tmp_path):
         MixtureEnv(path)
     with pytest.raises(ConfigError, match="unknown mixture 'nope'; known: bfcl-mix"):
         MixtureEnv("nope")
+
+
+def test_gymnasium_and_sb3_checkers_pass():
+    from gymnasium.utils.env_checker import check_env
+    from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+    check_env(MixtureEnv(TINY_MIX), skip_render_check=True)
+    sb3_check_env(MixtureEnv(TINY_MIX), warn=False)
