@@ -117,13 +117,20 @@ class EquivariantNet(nn.Module):
         prefill_columns, decode_columns: indices of the ``prefill`` / ``decode`` features the
             network reads (None: all); the first column (``present``) marks padding and is
             always read for masking.
+        cache_feature: append the cache affinity ``cached[c, p]`` (the fraction of call c's
+            prompt in prefill instance p's prefix cache, from the observation) to each triple's
+            Δ features. Δ already prices the hit in this call's prefill time; the affinity
+            also tells where the workflow's prompt stays warm for its next calls. Off by
+            default, so models saved without it load unchanged.
     """
 
     def __init__(self, n_call: int, n_prefill: int, n_decode: int, n_global: int,
                  hidden: int = 64, score_hidden: int = 32, value_hidden: int = 64,
                  prior: float = 0.0, prefill_columns: list[int] | None = None,
-                 decode_columns: list[int] | None = None) -> None:
+                 decode_columns: list[int] | None = None, cache_feature: bool = False) -> None:
         super().__init__()
+        self.cache_feature = bool(cache_feature)
+        n_phi = N_DELTA + int(self.cache_feature)
         g = 2 * n_global
         self.prefill_columns = list(range(n_prefill)) if prefill_columns is None \
             else list(prefill_columns)
@@ -143,10 +150,10 @@ class EquivariantNet(nn.Module):
         self.score_call = nn.Linear(hidden, score_hidden)
         self.score_prefill = nn.Linear(hidden, score_hidden, bias=False)
         self.score_decode = nn.Linear(hidden, score_hidden, bias=False)
-        self.score_delta = nn.Linear(N_DELTA, score_hidden, bias=False)
+        self.score_delta = nn.Linear(n_phi, score_hidden, bias=False)
         self.score_out = nn.Linear(score_hidden, 1)
         # linear paths: a risk-first, argmin-Δ ranking (HexAgent) is one weight vector away
-        self.skip_delta = nn.Linear(N_DELTA, 1, bias=False)
+        self.skip_delta = nn.Linear(n_phi, 1, bias=False)
         self.skip_call = nn.Linear(hidden, 1, bias=False)
         self.prior = float(prior)
         # log of a global logit scale (inverse temperature); 0 = scale 1. Behaviour cloning
@@ -244,13 +251,17 @@ class EquivariantNet(nn.Module):
 
     def embed(self, obs: dict[str, th.Tensor]) -> dict[str, th.Tensor]:
         """Embeddings and masks of calls (B, K, H), prefill (B, P, H), decode (B, D, H); the
-        valid triples' indices (``index``) and Δ features (``phi``, (M, N_DELTA))."""
+        valid triples' indices (``index``) and Δ features (``phi``, (M, N_DELTA), plus the cache
+        affinity column with ``cache_feature``)."""
         calls, delta = obs["calls"], obs["delta"]
         g = _expand(obs["globals"])
         B, K = calls.shape[:2]
         valid = delta >= 0.0  # (B, K, P, D): what the env's mask allows
         live = (calls[..., _PRESENT] > 0.5) & (calls[..., _PICKED] < 0.5)
         phi, rel_risk, index = self.valid_delta_features(calls, delta, valid)
+        if self.cache_feature:
+            affinity = obs["cached"][index[0], index[1], index[2]]  # (M,): cached[b, k, p]
+            phi = th.cat([phi, affinity.unsqueeze(-1)], dim=-1)
 
         def rel(col: int, largest: bool) -> th.Tensor:
             x = calls[..., col]

@@ -96,6 +96,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     algo.add_argument("--clip-range", type=float, default=D.clip_range)
     algo.add_argument("--ent-coef", type=float, default=D.ent_coef)
     algo.add_argument("--hidden", type=int, default=D.hidden, help="equivariant embedding width")
+    algo.add_argument("--cache-feature", action="store_true",
+                      help="the equivariant network also reads each call's prefix-cache "
+                      "affinity per prefill instance (obs['cached'])")
     algo.add_argument("--prior", type=float, default=D.prior,
                       help="initial weight of the equivariant policy's HexAgent indicators")
     bc = p.add_argument_group("behaviour cloning (--init-from)")

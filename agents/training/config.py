@@ -57,8 +57,9 @@ class TrainConfig:
     ``n_envs`` training envs in a ``vec`` ("dummy": one process, "subproc": one process each)
     vector env.
 
-    Model: ``policy`` ("equivariant", with ``hidden`` embedding width and ``prior`` initial
-    weight of its HexAgent indicators, or "mlp"), or ``load_model`` to continue a saved model;
+    Model: ``policy`` ("equivariant", with ``hidden`` embedding width, ``prior`` initial
+    weight of its HexAgent indicators and ``cache_feature`` (read the cache affinity
+    ``obs["cached"]``), or "mlp"), or ``load_model`` to continue a saved model;
     MaskablePPO ``total_timesteps``, ``lr``, ``n_steps`` (per env), ``batch_size``,
     ``n_epochs``, ``gamma``, ``gae_lambda``, ``clip_range``, ``ent_coef``.
 
@@ -114,6 +115,7 @@ class TrainConfig:
     ent_coef: float = 0.001
     hidden: int = 64
     prior: float = 4.0
+    cache_feature: bool = False
     # warm start
     bc_episodes: int = 8
     bc_epochs: int = 3
@@ -171,6 +173,12 @@ class TrainConfig:
         if self.mixture is not None and not isinstance(self.mixture, str | Path):
             raise TrainConfigError("mixture", f"must be a mixture name or YAML path, got "
                                    f"{self.mixture!r}")
+        if not isinstance(self.cache_feature, bool):
+            raise TrainConfigError("cache_feature", f"must be True or False, got "
+                                   f"{self.cache_feature!r}")
+        if self.cache_feature and self.policy != "equivariant":
+            raise TrainConfigError("cache_feature", "is an input of the equivariant policy; "
+                                   f"policy={self.policy!r} has no such option")
         if self.demos is not None and self.init_from == "none":
             raise TrainConfigError("demos", "caches a teacher's demonstrations: it needs "
                                    "init_from (a teacher), got init_from='none'")

@@ -163,8 +163,11 @@ def _make_model(config: TrainConfig, vec: Any) -> Any:
         return MaskablePPO.load(config.load_model, env=vec, device="cpu",
                                 custom_objects={"observation_space": vec.observation_space},
                                 **ppo_kwargs)
-    policy_kwargs = ({"hidden": config.hidden, "prior": config.prior}
-                     if config.policy == "equivariant" else None)
+    policy_kwargs = None
+    if config.policy == "equivariant":
+        policy_kwargs = {"hidden": config.hidden, "prior": config.prior}
+        if config.cache_feature:
+            policy_kwargs["cache_feature"] = True
     return make_model(vec, config.policy, policy_kwargs=policy_kwargs, device="cpu", verbose=0,
                       **ppo_kwargs)
 

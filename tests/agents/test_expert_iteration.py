@@ -77,12 +77,13 @@ def test_training_on_a_mixture_with_the_search_teacher(tmp_path):
                          bc_episodes=2, bc_epochs=1, dagger_rounds=1, dagger_episodes=1,
                          total_timesteps=0, cluster="tiny-2p2d", num_workflows=5, load=3.0,
                          n_envs=2, n_steps=16, batch_size=16, eval_seeds=(1,),
-                         logdir=tmp_path / "run", verbose=0)
+                         cache_feature=True, logdir=tmp_path / "run", verbose=0)
     result = train(config)
     record = json.loads(result.run_record.read_text())
     assert record["args"]["mixture"] == str(mix)
     assert record["args"]["init_from"] == "hexagent-search"
     assert result.bc["samples"] > 0 and (tmp_path / "d.npz").exists()
+    assert record["args"]["cache_feature"] is True
     # the saved model schedules a cluster of another size than any it was trained on
     other = PDClusterEnv(None, cluster="hetero-1", trace="bfcl_v3", num_workflows=5, load=1.0)
     assert len(other.rollout(result.model_path, seed=0).ratios) == 5
