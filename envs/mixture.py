@@ -62,7 +62,7 @@ def load_mixture(spec: str | Path | Mapping[str, Any]) -> tuple[str, list[dict[s
     shared = data.get("episode") or {}
     if not isinstance(shared, Mapping):
         raise ConfigError(f"{source}: field 'episode' must be a mapping of episode keys")
-    _check_episode_keys(shared, f"{source}: field 'episode'")
+    check_keys(shared, EPISODE_KEYS, f"{source}: field 'episode'")
     settings = []
     raw = data.get("settings") or []
     if not isinstance(raw, list):
@@ -71,17 +71,13 @@ def load_mixture(spec: str | Path | Mapping[str, Any]) -> tuple[str, list[dict[s
         where = f"{source}: settings[{i}]"
         if not isinstance(entry, Mapping):
             raise ConfigError(f"{where} must be a mapping of episode keys, got {entry!r}")
-        _check_episode_keys(entry, where)
+        check_keys(entry, EPISODE_KEYS, where)
         settings.append({**shared, **entry})
     if data.get("generated") is not None:
         settings += _generated(data["generated"], shared, f"{source}: field 'generated'")
     if not settings:
         raise ConfigError(f"{source}: no settings: give 'settings', 'generated' or both")
     return str(data.get("name") or Path(source).stem), settings
-
-
-def _check_episode_keys(entry: Mapping[str, Any], where: str) -> None:
-    check_keys(entry, EPISODE_KEYS, where)
 
 
 def _generated(gen: Any, shared: Mapping[str, Any], where: str) -> list[dict[str, Any]]:

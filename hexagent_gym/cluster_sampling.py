@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,10 +103,4 @@ def sample_clusters(dist: ClusterDistribution, count: int, seed: int) -> list[st
     return [register_cluster(dist.sample(rng)) for _ in range(count)]
 
 
-def cluster_shape(spec: Mapping[str, Any] | Sequence[Any]) -> tuple[int, int]:
-    """(prefill, decode) instance counts of a cluster mapping."""
-    return tuple(sum(int(e.get("count", 1)) for e in spec[role])  # type: ignore[return-value]
-                 for role in ("prefill", "decode"))
-
-
-__all__ = ["ClusterDistribution", "cluster_shape", "sample_clusters"]
+__all__ = ["ClusterDistribution", "sample_clusters"]

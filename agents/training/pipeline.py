@@ -22,7 +22,7 @@ from agents.learned import make_model
 from agents.shaping import ReferenceRelativeReward, relative_env_fn
 from agents.training.config import TrainConfig, episode_config
 from agents.training.warmstart import warm_start
-from envs.mixture import MixtureEnv, make_mixture_fn
+from envs.mixture import make_mixture_fn
 from envs.pd_cluster_env import ENV_KEYS, PDClusterEnv, make_env_fn
 
 
@@ -129,19 +129,21 @@ class _Evaluations(RolloutEvalCallback):
         self._publish()
 
 
-def _mixture_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
-    """The env options of ``overrides`` (a mixture's settings bring their own episodes)."""
-    return {k: v for k, v in overrides.items() if k in ENV_KEYS}
+def _env_fn(config: TrainConfig, episodes: Any, overrides: dict[str, Any],
+            rank: int) -> Callable[[], Any]:
+    """The thunk of one training (or teacher) env: on the mixture when the config names one
+    (its settings bring their own episodes, so only the env options apply), else on
+    ``episodes`` with ``overrides``."""
+    if config.mixture is None:
+        return make_env_fn(episodes, rank=rank, **overrides)
+    options = {k: v for k, v in overrides.items() if k in ENV_KEYS}
+    return make_mixture_fn(config.mixture, rank=rank, seed=config.seed, **options)
 
 
 def _make_envs(config: TrainConfig, episodes: Any, overrides: dict[str, Any],
                shaping: dict[str, Any]) -> tuple[Any, Any]:
     """(the monitored training vector env, the evaluation env)."""
-    if config.mixture is not None:
-        fns = [make_mixture_fn(config.mixture, rank=i, seed=config.seed,
-                               **_mixture_overrides(overrides)) for i in range(config.n_envs)]
-    else:
-        fns = [make_env_fn(episodes, rank=i, **overrides) for i in range(config.n_envs)]
+    fns = [_env_fn(config, episodes, overrides, i) for i in range(config.n_envs)]
     if shaping:
         fns = [relative_env_fn(fn, **shaping) for fn in fns]
     eval_over = dict(overrides)
@@ -202,11 +204,7 @@ def train(config: TrainConfig,
     timings: dict[str, float] = {}
     bc: dict[str, float] = {}
     if config.init_from != "none":
-        if config.mixture is not None:
-            demo_env = MixtureEnv(config.mixture, seed=config.seed,
-                                  **_mixture_overrides(overrides))
-        else:
-            demo_env = PDClusterEnv(episodes, **overrides)
+        demo_env = _env_fn(config, episodes, overrides, rank=0)()
         if shaping:
             demo_env = ReferenceRelativeReward(demo_env, **shaping)
         done = warm_start(model, demo_env, teacher=config.init_from, episodes=config.bc_episodes,

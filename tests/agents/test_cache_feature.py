@@ -90,3 +90,14 @@ def test_config_checks_the_option():
         TrainConfig(cache_feature=True, policy="mlp")
     with pytest.raises(TrainConfigError, match="cache_feature must be True or False"):
         TrainConfig(cache_feature="yes")
+
+
+def test_the_option_needs_the_cached_key(env):
+    from gymnasium import spaces
+
+    from agents.equivariant_policy import EquivariantPolicy
+
+    space = spaces.Dict({k: v for k, v in env.observation_space.spaces.items() if k != "cached"})
+    with pytest.raises(ValueError, match="cache_feature=True reads the observation's 'cached'"):
+        EquivariantPolicy(space, env.action_space, lambda _: 1e-3, cache_feature=True)
+    EquivariantPolicy(space, env.action_space, lambda _: 1e-3)  # without the option: fine
