@@ -74,6 +74,12 @@ class ClusterTables:
         self.dec_capacity = self.capacity.tolist()
         self.dec_static = list(zip(self.capacity.tolist(), self.max_batch.tolist(),
                                    self.dec_base_list, self.dec_slope_list, strict=True))
+        # decode instances that no projection can tell apart when idle (placement.decode_scan)
+        kinds: dict[tuple, int] = {}
+        self.dec_kind = [kinds.setdefault((int(self.dec_class[d]), self.dec_static[d][:2],
+                                           tuple(self.setup[:, d].tolist()),
+                                           tuple(self.s_per_token[:, d].tolist())), len(kinds))
+                         for d in range(self.num_decode)]
         self._d_range = np.arange(self.num_decode)
         # one representative per class pair for standalone estimates: (p, setup row, s/token row)
         dec_rep = [self.dec_class.tolist().index(k) for k in range(len(self.dec_models))]

@@ -32,9 +32,34 @@ def decode_terms(tables: ClusterTables, d: int, now: float, tokens: list[float],
     return start, end
 
 
+def decode_scan(tables: ClusterTables, tokens: list[float], count: list[int],
+                ctx: list[float]) -> list[int]:
+    """The decode instances a scalar placement must look at, ascending: every instance holding a
+    committed call, and of each set of idle *twins* only the lowest index.
+
+    Idle twins are instances of one kind (``tables.dec_kind``: latency model, KV capacity, batch
+    limit and network column) with no committed call, no committed tokens (so no decode limit
+    binds) and equal context sums. :func:`decode_terms` and the KV transfer give every call the
+    same floats on each of them, so under any rule that breaks ties by the lowest decode index
+    the others never win: skipping them changes no decision."""
+    kind = tables.dec_kind
+    scan = []
+    idle = set()
+    for d, n in enumerate(count):
+        if n or tokens[d] > 0.0:
+            scan.append(d)
+        else:
+            key = (kind[d], tokens[d], ctx[d])
+            if key not in idle:
+                idle.add(key)
+                scan.append(d)
+    return scan
+
+
 def earliest_pair(tables: ClusterTables, now: float, free: list[float], tokens: list[float],
                   count: list[int], ctx: list[float], call: Call,
-                  slow_start: Callable[[int, float, int], float]) -> tuple[int, int, float]:
+                  slow_start: Callable[[int, float, int], float],
+                  scan: list[int] | None = None) -> tuple[int, int, float]:
     """The core's placement rule: the pair with the earliest projected finish Δ.
 
     Ties go to the lowest decode index, and within a decode instance to the prefill instance
@@ -42,6 +67,8 @@ def earliest_pair(tables: ClusterTables, now: float, free: list[float], tokens: 
     :meth:`PlanState.project_prefill` operation for operation, so the chosen pair's Δ equals that
     tensor's entry exactly. Scalar Python over classes and decode instances: at this size it
     beats numpy's per-call overhead several times.
+
+    ``scan``: the decode instances to look at (default :func:`decode_scan` of the lists).
 
     Returns:
         (p, d, Δ) with Δ in seconds from ``now``.
@@ -80,7 +107,7 @@ def earliest_pair(tables: ClusterTables, now: float, free: list[float], tokens: 
     kv_pred, kv_true = call.kv_pred, call.kv_true
     capacity = tables.dec_capacity
     best, best_d, best_p = INF, -1, -1
-    for d in range(tables.num_decode):
+    for d in decode_scan(tables, tokens, count, ctx) if scan is None else scan:
         if kv_true > capacity[d]:
             continue
         start, end = decode_terms(tables, d, now, tokens, count, ctx, weight, own_ctx, kv_pred,

@@ -11,7 +11,7 @@ import numpy as np
 
 from hexagent_gym.cluster_tables import INF
 from hexagent_gym.entities import prefill_free_times
-from hexagent_gym.placement import earliest_pair
+from hexagent_gym.placement import decode_scan, earliest_pair
 from hexagent_gym.projections import Projections
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ class PlanState(Projections):
         self._picked: dict[int, list[tuple[float, float]]] = {}
         self._tau_cache: tuple[np.ndarray, np.ndarray] | None = None
         self._start_memo: tuple[CallBatch, np.ndarray | float] | None = None
+        self._scan: list[int] | None = None
         self.free_decode = True  # waiting decode calls not yet served may move (project_decode)
 
     def _array(self, name: str, dtype: type) -> np.ndarray:
@@ -133,10 +134,20 @@ class PlanState(Projections):
             start = max(start, rel[over - 1][0] if over - 1 < len(rel) else INF)
         return start
 
+    def decode_scan(self) -> list[int]:
+        """:func:`~hexagent_gym.placement.decode_scan` of Ŝ's decode lists, kept until a commit
+        changes an idle instance (never mutated in place: copies may share it)."""
+        scan = self._scan
+        if scan is None:
+            scan = self._scan = decode_scan(self.tables, self.dec_tokens_l, self.dec_count_l,
+                                            self.dec_ctx_l)
+        return scan
+
     def earliest_pair(self, call: Call) -> tuple[int, int, float]:
         """The fallback placement of a waiting call: see :func:`earliest_pair`."""
         return earliest_pair(self.tables, self.now, self.free_l, self.dec_tokens_l,
-                             self.dec_count_l, self.dec_ctx_l, call, self.slow_start)
+                             self.dec_count_l, self.dec_ctx_l, call, self.slow_start,
+                             self.decode_scan())
     def copy(self) -> PlanState:
         """An independent Ŝ for what-if picks (lookahead): committing to the copy leaves this
         state's projections unchanged. Arrays and reservation lists are copied; the cluster
@@ -157,6 +168,7 @@ class PlanState(Projections):
         tau = self._tau_cache
         new._tau_cache = None if tau is None else (tau[0].copy(), tau[1].copy())
         new._start_memo = None
+        new._scan = self._scan
         new.free_decode = self.free_decode
         return new
 
@@ -174,6 +186,8 @@ class PlanState(Projections):
                 arrays["free"][p] = self.free_l[p]
             if "pf_tokens" in arrays:
                 arrays["pf_tokens"][p] = self.pf_tokens_l[p]
+        if self._scan is not None and not self.dec_count_l[d] and self.dec_tokens_l[d] <= 0.0:
+            self._scan = None  # d was idle: it leaves its twins
         self.dec_tokens_l[d] += call.kv_pred
         self.dec_count_l[d] += 1
         self.dec_ctx_l[d] += call.ctx_share

@@ -114,7 +114,7 @@ class Projections:
         kv_true = call.kv_true
         capacity = t.dec_capacity
         best, cols, starts, ends = INF, [], {}, {}
-        for d in range(t.num_decode):
+        for d in self.decode_scan():
             if kv_true > capacity[d]:
                 continue
             start, end = decode_terms(t, d, now, tokens, count, ctx, weight, own_ctx, kv,
@@ -169,7 +169,10 @@ class Projections:
             # its own instance cannot admit it now: it may move (its KV sent again from p)
             setup, spt, l_in, kv_true = t.setup_list[p], t.spt_list[p], call.l_in, call.kv_true
             best, best_d = INF, 0
-            for d in range(t.num_decode):
+            scan = self.decode_scan()
+            if own not in scan:  # planned, so idle in Ŝ; unlike its twins it needs no transfer
+                scan = sorted([*scan, own])
+            for d in scan:
                 if kv_true > t.dec_capacity[d]:
                     continue
                 start, end = finish(d)
