@@ -34,7 +34,8 @@ class CallBatch:
         self._cached = None
         self.weight = l_out * err  # decode seconds = weight · per-token step time
         self.ctx = mean_own_context(l_in, l_out)
-        self.kv_pred = l_in + l_out
+        # predicted KV demand: L_in + L̂_out, for a sample group's leader the whole group's
+        self.kv_pred = np.array([c.kv_pred for c in calls], dtype=np.float64)
         self._xfer = self._xfer_cls = None
         kv_true = np.array([c.kv_true for c in calls], dtype=np.float64)
         self.too_big = kv_true[:, None] > tables.capacity[None, :]  # (n, D) never fits

@@ -110,7 +110,7 @@ class Projections:
         l_out = float(call.l_out_pred)
         weight = l_out * call.dec_err
         own_ctx = mean_own_context(call.l_in, l_out)
-        kv = float(call.l_in + call.l_out_pred)  # as CallBatch.kv_pred
+        kv = float(call.kv_pred)  # as CallBatch.kv_pred (a sample group: its whole demand)
         kv_true = call.kv_true
         capacity = t.dec_capacity
         best, cols, starts, ends = INF, [], {}, {}
@@ -157,7 +157,7 @@ class Projections:
         l_out = float(call.l_out_pred)
         weight = l_out * call.dec_err
         own_ctx = mean_own_context(call.l_in, l_out)
-        kv = float(call.l_in + call.l_out_pred)  # as CallBatch.kv_pred
+        kv = float(call.kv_pred)  # as CallBatch.kv_pred (a sample group: its whole demand)
 
         def finish(d: int) -> tuple[float, float]:  # (earliest start, decode end − now) on d
             return decode_terms(t, d, now, tokens, count, ctx, weight, own_ctx, kv,
