@@ -72,6 +72,7 @@ class ClusterTables:
         self.dec_slope_list = self.dec_slope.tolist()
         self.batch_top = width - 1  # decode tables are clamped at this batch size
         self.dec_capacity = self.capacity.tolist()
+        self.max_batch_list = self.max_batch.tolist()
         self.dec_static = list(zip(self.capacity.tolist(), self.max_batch.tolist(),
                                    self.dec_base_list, self.dec_slope_list, strict=True))
         # decode instances that no projection can tell apart when idle (placement.decode_scan)

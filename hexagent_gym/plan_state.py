@@ -54,6 +54,7 @@ class PlanState(Projections):
         self._tau_cache: tuple[np.ndarray, np.ndarray] | None = None
         self._start_memo: tuple[CallBatch, np.ndarray | float] | None = None
         self._scan: list[int] | None = None
+        self._limits: tuple[float, bool] | None = None  # (_decode_limits), built on first use
         self.free_decode = True  # waiting decode calls not yet served may move (project_decode)
 
     def _array(self, name: str, dtype: type) -> np.ndarray:
@@ -97,6 +98,11 @@ class PlanState(Projections):
         Returns the scalar ``now`` when no decode limit binds for any of the calls (the common
         case), which broadcasts like the full array.
         """
+        limits = self._limits
+        if limits is None:
+            limits = self._limits = self._decode_limits()
+        if not limits[1] and float(kv.max()) <= limits[0]:
+            return self.now  # every call fits in every instance's slack, no batch is full
         t = self.tables
         over = self.dec_count - t.max_batch + 1
         slack = t.capacity - self.dec_tokens
@@ -116,6 +122,15 @@ class PlanState(Projections):
                 col_start = np.maximum(col_start, times[min(int(over[d]) - 1, len(rel))])
             start[:, d] = np.maximum(col_start, self.now)
         return start
+
+    def _decode_limits(self) -> tuple[float, bool]:
+        """(smallest KV slack over the decode instances, whether any batch is full): the test
+        that no decode limit can bind, kept current by commits (they only shrink the slack and
+        fill batches). Same floats as ``capacity − dec_tokens``."""
+        t = self.tables
+        tokens, count = self.dec_tokens_l, self.dec_count_l
+        return (min(cap - x for cap, x in zip(t.dec_capacity, tokens, strict=True)),
+                any(n >= b for n, b in zip(count, t.max_batch_list, strict=True)))
 
     def slow_start(self, d: int, need: float, over: int) -> float:
         """Scalar ``decode_starts`` for one call on a decode instance whose limits bind."""
@@ -169,6 +184,7 @@ class PlanState(Projections):
         new._tau_cache = None if tau is None else (tau[0].copy(), tau[1].copy())
         new._start_memo = None
         new._scan = self._scan
+        new._limits = self._limits
         new.free_decode = self.free_decode
         return new
 
@@ -191,6 +207,12 @@ class PlanState(Projections):
         self.dec_tokens_l[d] += call.kv_pred
         self.dec_count_l[d] += 1
         self.dec_ctx_l[d] += call.ctx_share
+        limits = self._limits
+        if limits is not None:
+            t = self.tables
+            slack = t.dec_capacity[d] - self.dec_tokens_l[d]
+            self._limits = (slack if slack < limits[0] else limits[0],
+                            limits[1] or self.dec_count_l[d] >= t.max_batch_list[d])
         for name in ("dec_tokens", "dec_count", "dec_ctx"):
             if name in arrays:
                 arrays[name][d] = getattr(self, name + "_l")[d]
