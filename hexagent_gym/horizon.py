@@ -24,6 +24,7 @@ from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.engine import Engine
 from hexagent_gym.entities import Call
 from hexagent_gym.planner import ClusterTables, earliest_pair
+from hexagent_gym.prefix_cache import cache_view
 
 if TYPE_CHECKING:
     from hexagent_gym.cluster import ClusterSpec
@@ -48,6 +49,7 @@ class HorizonCache:
         self._kinds = _instance_kinds(cluster)
         self._widest = max(len(members) for kinds in self._kinds for members in kinds.values())
         self._sub: dict[int, tuple[ClusterSpec, ClusterTables]] = {}
+        self._cache_tokens: float | None = None  # the smallest prefix cache (tokens), lazily
 
     def get(self, spec: WorkflowSpec) -> float:
         """H_w of one workflow in seconds (computed once per spec)."""
@@ -59,7 +61,7 @@ class HorizonCache:
         return value
 
     def _standalone(self, spec: WorkflowSpec) -> float:
-        if self.serving["prefix_cache"] or not _is_chain(spec):  # (a chain has a shortcut)
+        if not self._chain_shortcut(spec):
             m = _FIRST_CUT
             while m < self._widest:
                 sub, tables, last_p, last_d = self._cut(m)
@@ -70,6 +72,21 @@ class HorizonCache:
                     return sim.workflows[0].finish_t  # the cut never mattered: exact
                 m *= 2
         return standalone_time(self.cluster, spec, self.tables, **self.serving)
+
+    def _chain_shortcut(self, spec: WorkflowSpec) -> bool:
+        """Whether :func:`_chain_time` gives this workflow's horizon: a chain, and with caching
+        on, one whose distinct prompt blocks fit in every prefill cache (nothing is evicted)."""
+        if not _is_chain(spec):
+            return False
+        if not self.serving["prefix_cache"]:
+            return True
+        if self._cache_tokens is None:
+            self._cache_tokens = _smallest_cache_tokens(self.cluster,
+                                                        self.serving["prefix_cache_tokens"])
+        cap = self._cache_tokens
+        if cap == float("inf"):
+            return True
+        return len({b for c in spec.calls for b in c.blocks}) <= cap // spec.block_tokens
 
     def _cut(self, m: int) -> tuple[ClusterSpec, ClusterTables, set[int], set[int]]:
         """The cluster cut to the first ``m`` members of each kind, its tables and the indices
@@ -90,6 +107,15 @@ class HorizonCache:
         return len(self._cache)
 
 
+def _smallest_cache_tokens(cluster: ClusterSpec, prefix_cache_tokens: float | None) -> float:
+    """KV tokens of the smallest prefill instance's prefix cache (``inf``: unbounded), sized as
+    :func:`~hexagent_gym.serving.build_caches` sizes them."""
+    if prefix_cache_tokens is not None:
+        return float(prefix_cache_tokens)
+    sizes = [inst.kv_capacity_tokens for inst in cluster.prefill]
+    return float("inf") if any(x is None for x in sizes) else float(min(sizes))
+
+
 def standalone_time(cluster: ClusterSpec, spec: WorkflowSpec,
                     tables: ClusterTables | None = None, *, prefix_cache: bool = True,
                     prefix_cache_tokens: float | None = None,
@@ -97,8 +123,10 @@ def standalone_time(cluster: ClusterSpec, spec: WorkflowSpec,
     """Completion time of ``spec`` arriving at t = 0 on the empty cluster, served alone (with a
     cold prefix cache: only the workflow's own earlier prompts can hit)."""
     tables = tables if tables is not None else ClusterTables(cluster)
-    if not prefix_cache and _is_chain(spec):
-        return _chain_time(tables, spec)
+    if _is_chain(spec) and (not prefix_cache or len({b for c in spec.calls for b in c.blocks})
+                            <= _smallest_cache_tokens(cluster, prefix_cache_tokens)
+                            // spec.block_tokens):
+        return _chain_time(tables, spec, prefix_cache)
     return _simulated_time(cluster, spec, tables, prefix_cache=prefix_cache,
                            prefix_cache_tokens=prefix_cache_tokens,
                            parallel_sampling=parallel_sampling)
@@ -138,15 +166,24 @@ def _is_chain(spec: WorkflowSpec) -> bool:
     return all(c.parents == ((i - 1,) if i else ()) for i, c in enumerate(calls))
 
 
-def _chain_time(tables: ClusterTables, spec: WorkflowSpec) -> float:
+def _chain_time(tables: ClusterTables, spec: WorkflowSpec, prefix_cache: bool = False) -> float:
     """A chain runs one call at a time on an idle cluster, so the simulation reduces to a sum.
 
     This replays the simulator's own arithmetic step by step (same placement function, same
     additions on the absolute clock, the decode clock of an idle instance starting at 0), so it
     returns bit-for-bit what the event loop would; ``tests/core/test_horizon.py`` checks it.
+
+    With ``prefix_cache`` the replay also keeps which prefill instances hold each of the
+    workflow's prompt blocks (the caches' shared index): a call sees its own earlier prompts as
+    the scheduler's view does (``prefix_cache.cache_view``), is placed by the same rule, and its
+    prefill takes the time of the prompt minus the blocks its instance holds. Exact only while
+    nothing is evicted, which the caller checks (the workflow's blocks fit in every cache).
     """
     P, D = tables.num_prefill, tables.num_decode
     zeros_f, zeros_i = [0.0] * D, [0] * D
+    holders: dict[int, int] = {}  # block id -> bit mask of the prefill instances holding it
+    block = spec.block_tokens
+    cls = tables.pf_class_list
     now = 0.0
     for i, cs in enumerate(spec.calls):
         if i:
@@ -154,9 +191,18 @@ def _chain_time(tables: ClusterTables, spec: WorkflowSpec) -> float:
         call = Call(i, None, i, cs, cs.output_tokens, 1.0, 1.0)
         call.pf_true, call.pf_cls = tables.prefill_times(cs.input_tokens)
         call.pf_est = call.pf_cold = call.pf_true
+        if prefix_cache:
+            call.cached, call.pf_est = cache_view(tables, holders, block, call)
         p, d, _ = earliest_pair(tables, now, [now] * P, zeros_f, zeros_i, zeros_f, call,
                                 _never_binds)
-        now = now + call.pf_true[p]
+        if prefix_cache:  # as the engine's prefill start: the blocks p holds, capped at L_in
+            hit = (call.cached[p] if call.cached is not None else 0)
+            now = now + tables.prefill_times_hit(cs.input_tokens, hit)[cls[p]]
+            bit = 1 << p
+            for b in cs.blocks:  # the prefill's end inserts the prompt on p
+                holders[b] = holders.get(b, 0) | bit
+        else:
+            now = now + call.pf_true[p]
         now = now + (tables.setup_list[p][d] + cs.input_tokens * tables.spt_list[p][d])
         v_finish = 0.0 + cs.output_tokens
         ctx = (0.0 + (cs.input_tokens + 0.5 * v_finish - 0.0)) + 1 * (0.0 - 1.0) * 0.5

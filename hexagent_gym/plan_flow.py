@@ -12,7 +12,7 @@ from hexagent_gym.decisions import DecisionPoint, Stage
 from hexagent_gym.entities import PLANNED, UNPLANNED, Call, CallState, prefill_free_times
 from hexagent_gym.events import Phase
 from hexagent_gym.planner import earliest_pair, snapshot
-from hexagent_gym.prefix_cache import match_levels
+from hexagent_gym.prefix_cache import cache_view
 from hexagent_gym.serving import call_riders
 
 
@@ -25,28 +25,8 @@ class PlanFlow:
         caches = self.caches
         if caches is None:
             return
-        levels = match_levels(caches[0].holders, call.spec.blocks)
-        if not levels:
-            call.cached = None
-            call.pf_est = call.pf_cold
-            return
-        tables, block, l_in, err = self.tables, self.block_tokens, call.l_in, call.pf_err
-        cls = tables.pf_class_list
-        hits = [0] * len(caches)
-        est = list(call.pf_cold)
-        for k, mask in levels:
-            h = k * block
-            if h > l_in:
-                h = l_in
-            per_class = tables.prefill_times_hit(l_in, h)
-            while mask:
-                low = mask & -mask
-                p = low.bit_length() - 1
-                mask ^= low
-                hits[p] = h
-                est[p] = per_class[cls[p]] * err
-        call.cached = hits
-        call.pf_est = est
+        call.cached, call.pf_est = cache_view(self.tables, caches[0].holders, self.block_tokens,
+                                              call)
 
     # -- scheduling -----------------------------------------------------------------------------
     def _trigger(self, stage: Stage) -> None:

@@ -23,6 +23,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hexagent_gym.cluster_tables import ClusterTables
+    from hexagent_gym.entities import Call
 
 
 class PrefixCache:
@@ -166,3 +171,29 @@ def match_levels(holders: dict[int, int], blocks: Sequence[int]) -> list[tuple[i
     if k:
         levels.append((k, alive))
     return levels
+
+
+def cache_view(tables: ClusterTables, holders: dict[int, int], block_tokens: int,
+               call: Call) -> tuple[list[int] | None, list[float]]:
+    """The scheduler's view of a waiting call against the caches as they are: prompt tokens
+    each prefill instance holds for it (None when none holds any) and the cache-aware prefill
+    estimates per instance (the cold ones where nothing hits)."""
+    levels = match_levels(holders, call.spec.blocks)
+    if not levels:
+        return None, call.pf_cold
+    l_in, err = call.l_in, call.pf_err
+    cls = tables.pf_class_list
+    hits = [0] * tables.num_prefill
+    est = list(call.pf_cold)
+    for k, mask in levels:
+        h = k * block_tokens
+        if h > l_in:
+            h = l_in
+        per_class = tables.prefill_times_hit(l_in, h)
+        while mask:
+            low = mask & -mask
+            p = low.bit_length() - 1
+            mask ^= low
+            hits[p] = h
+            est[p] = per_class[cls[p]] * err
+    return hits, est

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hexagent_gym.cluster import load_cluster
-from hexagent_gym.horizon import HorizonCache, _chain_time, _simulated_time, standalone_time
+from hexagent_gym.horizon import (
+    HorizonCache,
+    _chain_time,
+    _is_chain,
+    _simulated_time,
+    standalone_time,
+)
 from hexagent_gym.planner import ClusterTables
 from hexagent_gym.workload import load_trace, make_workflow
-from tests.toy import ToyLatency, toy_cluster
+from tests.toy import ToyLatency, toy_cluster, workflow_with_reuse
 
 lat = st.builds(ToyLatency, a=st.floats(0.001, 0.05), b=st.floats(1e-5, 5e-4),
                 c=st.floats(0.002, 0.05), e=st.floats(0.0, 2e-3), f=st.floats(0.0, 5e-6))
@@ -26,6 +34,61 @@ def test_chain_shortcut_matches_the_simulation_exactly(pre, dec, steps):
     chain = make_workflow([(i, o, t, [k - 1] if k else []) for k, (i, o, t) in enumerate(steps)])
     tables = ClusterTables(cluster)
     assert _chain_time(tables, chain) == _simulated_time(cluster, chain, tables)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(lat, min_size=1, max_size=3), st.lists(lat, min_size=1, max_size=3),
+       st.lists(st.tuples(st.integers(1, 4000), st.integers(1, 300),
+                          st.sampled_from([0.0, 0.2]), st.booleans()), min_size=1, max_size=8),
+       st.sampled_from([16, 64]))
+def test_cached_chain_shortcut_matches_the_simulation_exactly(pre, dec, steps, block):
+    # multi-turn reuse: a call's prompt starts with its parent's prompt and output, so the
+    # instance that served the parent holds part of it; caches big enough to never evict
+    calls = []
+    for k, (n_in, n_out, _tool, reuse) in enumerate(steps):
+        extra = {}
+        if k and reuse:
+            prev_in, prev_out = steps[k - 1][:2]
+            n_in = max(n_in, prev_in + prev_out)
+            extra = {"prefix_of": str(k - 1), "prefix_tokens": prev_in + prev_out}
+        calls.append((n_in, n_out, [k - 1] if k else [], extra))
+    chain = workflow_with_reuse(calls, block=block)
+    chain = replace(chain, calls=tuple(replace(c, tool_latency_s=t) if k else c
+                                       for k, (c, (_, _, t, _)) in enumerate(
+                                           zip(chain.calls, steps, strict=True))))
+    cluster = toy_cluster(prefill=tuple(pre), decode=tuple(dec), capacity=50_000,
+                          prefill_kv=10**6)
+    tables = ClusterTables(cluster)
+    assert _chain_time(tables, chain, True) == _simulated_time(cluster, chain, tables)
+    assert standalone_time(cluster, chain, tables) == _simulated_time(cluster, chain, tables)
+
+
+@pytest.mark.parametrize("cluster_name", ["hetero-1", "hetero-1-x4", "qwen-hetero-1"])
+def test_cached_chain_shortcut_matches_the_simulation_on_real_traces(cluster_name):
+    cluster = load_cluster(cluster_name)
+    tables = ClusterTables(cluster)
+    checked = hits = 0
+    for trace in ("bfcl_v3", "sharegpt", "agent_sessions"):
+        chains = [w for w in load_trace(trace).workflows if _is_chain(w)][:40]
+        for spec in chains:
+            assert _chain_time(tables, spec, True) == _simulated_time(cluster, spec, tables)
+            checked += 1
+            hits += any(c.own_hit for c in spec.calls)
+    assert checked == 120 and hits > 40  # most of them reuse their own earlier prompts
+
+
+def test_chains_that_could_evict_are_simulated():
+    # a cache of 2 blocks cannot hold a 3-call chain's prompts: the shortcut is not taken
+    lm = ToyLatency()
+    cluster = toy_cluster(prefill=(lm, lm), decode=(lm,), prefill_kv=128)
+    chain = workflow_with_reuse([(100, 30, [], {}),
+                                 (180, 30, [0], {"prefix_of": "0", "prefix_tokens": 130}),
+                                 (260, 30, [1], {"prefix_of": "1", "prefix_tokens": 210})],
+                                block=64)
+    cache = HorizonCache(cluster)
+    assert not cache._chain_shortcut(chain)
+    assert cache.get(chain) == _simulated_time(cluster, chain, cache.tables)
+    assert HorizonCache(cluster, prefix_cache=False)._chain_shortcut(chain)
 
 
 def test_one_call_horizon_is_hand_computable():
@@ -63,7 +126,8 @@ def test_sub_cluster_horizons_equal_the_full_cluster_bit_for_bit(trace):
     cache = HorizonCache(cluster, tables)
     specs = load_trace(trace).workflows
     picked = sorted(specs, key=lambda w: -len(w.calls))[:4] + list(specs[:6])
-    for spec in picked:
-        assert cache.get(spec) == standalone_time(cluster, spec, tables)
-    assert min(len(sub.prefill) for sub, *_ in cache._sub.values()) == 12  # 4 per kind: cut
+    for spec in picked:  # against the full cluster's simulation
+        assert cache.get(spec) == _simulated_time(cluster, spec, tables)
+    if any(not _is_chain(spec) for spec in picked):  # (chains take the chain shortcut)
+        assert min(len(sub.prefill) for sub, *_ in cache._sub.values()) == 12  # 4 per kind
 
