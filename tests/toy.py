@@ -83,3 +83,19 @@ def toy_episode(*workflows, arrivals=None):
 
     arrivals = np.zeros(len(workflows)) if arrivals is None else np.asarray(arrivals, float)
     return EpisodeWorkload(tuple(workflows), arrivals, np.arange(len(workflows)))
+
+
+def tight_memory_simulator():
+    """Three twin instances per pool with 3,000 KV tokens each and eight 3-call workflows
+    arriving 30 ms apart: decode reservations bind, free calls may move, twins tie exactly."""
+    from hexagent_gym.arrivals import EpisodeWorkload
+    from hexagent_gym.simulator import Simulator
+    from hexagent_gym.workload import make_workflow
+
+    lm = ToyLatency()
+    cluster = toy_cluster(prefill=(lm, lm, lm), decode=(lm, lm, lm), capacity=3000)
+    rng = np.random.default_rng(7)
+    wfs = tuple(make_workflow([(int(rng.integers(300, 900)), int(rng.integers(100, 600)), 0.0,
+                                []) for _ in range(3)], f"w{i}") for i in range(8))
+    work = EpisodeWorkload(wfs, np.arange(len(wfs)) * 0.03, np.arange(len(wfs)))
+    return Simulator(cluster, work, length_predictor="lognormal", rng=rng)

@@ -11,12 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.decisions import Stage
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.simulator import Simulator
-from hexagent_gym.workload import make_workflow
-from tests.toy import ToyLatency, toy_cluster
+from tests.toy import tight_memory_simulator
 
 
 def _full_starts(state, kv):
@@ -29,23 +27,12 @@ def _full_starts(state, kv):
         state._limits = saved
 
 
-def _tight_memory() -> Simulator:
-    # three twin instances per pool with 3,000 KV tokens each: reservations bind
-    lm = ToyLatency()
-    cluster = toy_cluster(prefill=(lm, lm, lm), decode=(lm, lm, lm), capacity=3000)
-    rng = np.random.default_rng(7)
-    wfs = tuple(make_workflow([(int(rng.integers(300, 900)), int(rng.integers(100, 600)), 0.0,
-                                []) for _ in range(3)], f"w{i}") for i in range(8))
-    work = EpisodeWorkload(wfs, np.arange(len(wfs)) * 0.03, np.arange(len(wfs)))
-    return Simulator(cluster, work, length_predictor="lognormal", rng=rng)
-
-
 def _burst() -> Simulator:
     return EpisodeFactory(EpisodeConfig(cluster="hetero-1", trace="bfcl_v3", num_workflows=40,
                                         arrival_rate=300.0, seed=1)).simulator()
 
 
-@pytest.mark.parametrize("build, binds", [(_tight_memory, True), (_burst, False)],
+@pytest.mark.parametrize("build, binds", [(tight_memory_simulator, True), (_burst, False)],
                          ids=["memory-binds", "plentiful"])
 def test_shortcut_equals_the_full_computation(build, binds):
     sim = build()

@@ -61,6 +61,19 @@ def test_commit_on_an_idle_twin_refreshes_the_scan():
     assert state.decode_scan() == [0, 1]  # the copy's commit leaves the original alone
 
 
+def _decisions(config: EpisodeConfig):
+    """Every decision point of an episode, yielded before its picks; then each call is placed
+    at its best pair in window order."""
+    sim = EpisodeFactory(config).simulator()
+    dp = sim.run_until_decision()
+    while dp is not None:
+        yield dp
+        while not dp.done:
+            slot = dp.picked.index(False)
+            dp.pick(slot, *dp.best_pair(slot)[:2])
+        dp = sim.run_until_decision()
+
+
 def _full_scan(monkeypatch):
     """Make every scalar rule look at all decode instances (the code before the scan)."""
     import hexagent_gym.placement as placement
@@ -83,16 +96,7 @@ def test_decisions_equal_the_full_scan_on_a_cluster_with_many_idle_twins(policy,
     # 32 + 32 instances at a light load: most decode instances sit idle, in 4-member kinds
     config = EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3", num_workflows=120, load=0.5,
                            seed=3)
-    sim = EpisodeFactory(config).simulator()
-    dp = sim.run_until_decision()
-    skipped = 0
-    while dp is not None:
-        skipped = max(skipped, dp.num_decode - len(dp.state.decode_scan()))
-        while not dp.done:
-            slot = dp.picked.index(False)
-            p, d, _ = dp.best_pair(slot)
-            dp.pick(slot, p, d)
-        dp = sim.run_until_decision()
+    skipped = max(dp.num_decode - len(dp.state.decode_scan()) for dp in _decisions(config))
     assert skipped >= 16  # the scan really skips twins in this episode
     fast = _picks(config, policy)
     _full_scan(monkeypatch)
@@ -102,10 +106,8 @@ def test_decisions_equal_the_full_scan_on_a_cluster_with_many_idle_twins(policy,
 def test_scalar_pairs_equal_the_full_tensor_with_twins():
     config = EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3", num_workflows=60, load=0.5,
                            seed=4)
-    sim = EpisodeFactory(config).simulator()
-    dp = sim.run_until_decision()
     checked = 0
-    while dp is not None:
+    for dp in _decisions(config):
         for slot in range(len(dp.calls)):
             row = (dp.state.project_prefill(dp.batch) if dp.stage == Stage.PREFILL
                    else dp.state.project_decode(dp.batch))[slot]
@@ -116,8 +118,4 @@ def test_scalar_pairs_equal_the_full_tensor_with_twins():
                    else dp.state.best_decode_pair_one(call))
             assert one == (p, d, float(row.flat[flat]))
             checked += 1
-        while not dp.done:
-            slot = dp.picked.index(False)
-            dp.pick(slot, *dp.best_pair(slot)[:2])
-        dp = sim.run_until_decision()
     assert checked > 100

@@ -12,12 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.decisions import Stage
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
-from hexagent_gym.simulator import Simulator
-from hexagent_gym.workload import make_workflow
-from tests.toy import ToyLatency, toy_cluster
+from tests.toy import tight_memory_simulator
 
 
 def full_delta(dp) -> np.ndarray:
@@ -91,11 +88,5 @@ def test_fast_answers_equal_the_full_tensor(config):
 def test_fast_answers_equal_the_full_tensor_when_decode_memory_binds():
     # three twin instances per pool with little KV: reservations bind, free calls may move,
     # and twins tie exactly
-    lm = ToyLatency()
-    cluster = toy_cluster(prefill=(lm, lm, lm), decode=(lm, lm, lm), capacity=3000)
-    rng = np.random.default_rng(7)
-    wfs = tuple(make_workflow([(int(rng.integers(300, 900)), int(rng.integers(100, 600)), 0.0,
-                                []) for _ in range(3)], f"w{i}") for i in range(8))
-    work = EpisodeWorkload(wfs, np.arange(len(wfs)) * 0.03, np.arange(len(wfs)))
-    seen = check_episode(Simulator(cluster, work, length_predictor="lognormal", rng=rng), seed=7)
+    seen = check_episode(tight_memory_simulator(), seed=7)
     assert seen["movable"] > 0 and seen["window"] > 0 and seen["ties"] > 0
