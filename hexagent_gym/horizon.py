@@ -49,7 +49,6 @@ class HorizonCache:
         self._kinds = _instance_kinds(cluster)
         self._widest = max(len(members) for kinds in self._kinds for members in kinds.values())
         self._sub: dict[int, tuple[ClusterSpec, ClusterTables]] = {}
-        self._cache_tokens: float | None = None  # the smallest prefix cache (tokens), lazily
 
     def get(self, spec: WorkflowSpec) -> float:
         """H_w of one workflow in seconds (computed once per spec)."""
@@ -61,32 +60,20 @@ class HorizonCache:
         return value
 
     def _standalone(self, spec: WorkflowSpec) -> float:
-        if not self._chain_shortcut(spec):
-            m = _FIRST_CUT
-            while m < self._widest:
-                sub, tables, last_p, last_d = self._cut(m)
-                sim = _simulation(sub, spec, tables, **self.serving)
-                calls = sim.workflows[0].calls
-                if not (last_p & {c.prefill_inst for c in calls}
-                        or last_d & {c.decode_inst for c in calls}):
-                    return sim.workflows[0].finish_t  # the cut never mattered: exact
-                m *= 2
-        return standalone_time(self.cluster, spec, self.tables, **self.serving)
-
-    def _chain_shortcut(self, spec: WorkflowSpec) -> bool:
-        """Whether :func:`_chain_time` gives this workflow's horizon: a chain, and with caching
-        on, one whose distinct prompt blocks fit in every prefill cache (nothing is evicted)."""
-        if not _is_chain(spec):
-            return False
-        if not self.serving["prefix_cache"]:
-            return True
-        if self._cache_tokens is None:
-            self._cache_tokens = _smallest_cache_tokens(self.cluster,
-                                                        self.serving["prefix_cache_tokens"])
-        cap = self._cache_tokens
-        if cap == float("inf"):
-            return True
-        return len({b for c in spec.calls for b in c.blocks}) <= cap // spec.block_tokens
+        serving = self.serving
+        if _replayable(self.cluster, spec, serving["prefix_cache"],
+                       serving["prefix_cache_tokens"]):
+            return _chain_time(self.tables, spec, serving["prefix_cache"])
+        m = _FIRST_CUT
+        while m < self._widest:
+            sub, tables, last_p, last_d = self._cut(m)
+            sim = _simulation(sub, spec, tables, **serving)
+            calls = sim.workflows[0].calls
+            if not (last_p & {c.prefill_inst for c in calls}
+                    or last_d & {c.decode_inst for c in calls}):
+                return sim.workflows[0].finish_t  # the cut never mattered: exact
+            m *= 2
+        return _simulated_time(self.cluster, spec, self.tables, **serving)
 
     def _cut(self, m: int) -> tuple[ClusterSpec, ClusterTables, set[int], set[int]]:
         """The cluster cut to the first ``m`` members of each kind, its tables and the indices
@@ -107,13 +94,22 @@ class HorizonCache:
         return len(self._cache)
 
 
-def _smallest_cache_tokens(cluster: ClusterSpec, prefix_cache_tokens: float | None) -> float:
-    """KV tokens of the smallest prefill instance's prefix cache (``inf``: unbounded), sized as
-    :func:`~hexagent_gym.serving.build_caches` sizes them."""
+def _replayable(cluster: ClusterSpec, spec: WorkflowSpec, prefix_cache: bool,
+                prefix_cache_tokens: float | None) -> bool:
+    """Whether :func:`_chain_time` gives this workflow's horizon exactly: a chain and, with
+    caching on, one whose distinct prompt blocks fit in every prefill cache (nothing is evicted;
+    the caches sized as :func:`~hexagent_gym.serving.build_caches` sizes them)."""
+    if not _is_chain(spec):
+        return False
+    if not prefix_cache:
+        return True
     if prefix_cache_tokens is not None:
-        return float(prefix_cache_tokens)
-    sizes = [inst.kv_capacity_tokens for inst in cluster.prefill]
-    return float("inf") if any(x is None for x in sizes) else float(min(sizes))
+        tokens = float(prefix_cache_tokens)
+    else:
+        sizes = [inst.kv_capacity_tokens for inst in cluster.prefill]
+        tokens = float("inf") if any(x is None for x in sizes) else float(min(sizes))
+    return tokens == float("inf") or (len({b for c in spec.calls for b in c.blocks})
+                                      <= tokens // spec.block_tokens)
 
 
 def standalone_time(cluster: ClusterSpec, spec: WorkflowSpec,
@@ -123,9 +119,7 @@ def standalone_time(cluster: ClusterSpec, spec: WorkflowSpec,
     """Completion time of ``spec`` arriving at t = 0 on the empty cluster, served alone (with a
     cold prefix cache: only the workflow's own earlier prompts can hit)."""
     tables = tables if tables is not None else ClusterTables(cluster)
-    if _is_chain(spec) and (not prefix_cache or len({b for c in spec.calls for b in c.blocks})
-                            <= _smallest_cache_tokens(cluster, prefix_cache_tokens)
-                            // spec.block_tokens):
+    if _replayable(cluster, spec, prefix_cache, prefix_cache_tokens):
         return _chain_time(tables, spec, prefix_cache)
     return _simulated_time(cluster, spec, tables, prefix_cache=prefix_cache,
                            prefix_cache_tokens=prefix_cache_tokens,
@@ -196,7 +190,7 @@ def _chain_time(tables: ClusterTables, spec: WorkflowSpec, prefix_cache: bool = 
         p, d, _ = earliest_pair(tables, now, [now] * P, zeros_f, zeros_i, zeros_f, call,
                                 _never_binds)
         if prefix_cache:  # as the engine's prefill start: the blocks p holds, capped at L_in
-            hit = (call.cached[p] if call.cached is not None else 0)
+            hit = call.cached[p] if call.cached is not None else 0
             now = now + tables.prefill_times_hit(cs.input_tokens, hit)[cls[p]]
             bit = 1 << p
             for b in cs.blocks:  # the prefill's end inserts the prompt on p

@@ -14,6 +14,7 @@ from hexagent_gym.horizon import (
     HorizonCache,
     _chain_time,
     _is_chain,
+    _replayable,
     _simulated_time,
     standalone_time,
 )
@@ -85,10 +86,10 @@ def test_chains_that_could_evict_are_simulated():
                                  (180, 30, [0], {"prefix_of": "0", "prefix_tokens": 130}),
                                  (260, 30, [1], {"prefix_of": "1", "prefix_tokens": 210})],
                                 block=64)
+    assert not _replayable(cluster, chain, True, None)
+    assert _replayable(cluster, chain, True, 10**6) and _replayable(cluster, chain, False, None)
     cache = HorizonCache(cluster)
-    assert not cache._chain_shortcut(chain)
     assert cache.get(chain) == _simulated_time(cluster, chain, cache.tables)
-    assert HorizonCache(cluster, prefix_cache=False)._chain_shortcut(chain)
 
 
 def test_one_call_horizon_is_hand_computable():
