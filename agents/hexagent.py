@@ -76,8 +76,8 @@ class HexAgentPolicy(BasePolicy):
         n = len(dp.calls)
         if n > self.one_pass_threshold:
             slot = self._one_pass_slot(dp)
-        elif n == 1:
-            slot = 0  # (the argmax of one risk)
+        elif dp.num_remaining == 1:  # the argmax of one finite risk among −inf: no projection
+            slot = 0 if n == 1 else dp.picked.index(False)
         else:
             slot = int(np.argmax(projected_risk(dp)))
         p, d, _ = dp.best_pair(slot)

@@ -108,6 +108,9 @@ class ScalingRow:
     us_per_call: float  # second rollout: horizons cached (a training or evaluation loop)
     ms_per_invocation: float  # the policy's planning time per scheduling invocation (second)
     req99: float
+    # picks per simulated call: every invocation re-plans every call still waiting, so this grows
+    # with the cluster (more calls wait cluster-wide when an invocation fires)
+    picks_per_call: float = 0.0
 
 
 def bench_scaling(policy: str = "hexagent", trace: str = "bfcl_v3", load: float = 1.0,
@@ -127,5 +130,5 @@ def bench_scaling(policy: str = "hexagent", trace: str = "bfcl_v3", load: float 
         out.append(ScalingRow(cluster, f"{len(spec.prefill)}P+{len(spec.decode)}D", n, calls,
                               1e6 * walls[0] / calls, 1e6 * walls[1] / calls,
                               1e3 * result.scheduler_seconds / max(result.invocations, 1),
-                              result.req99))
+                              result.req99, result.decisions / calls))
     return out

@@ -23,6 +23,7 @@ def mean_own_context(l_in, l_out):
     return l_in + 0.5 * (l_out - 1.0)
 
 
+_XCOL_CACHE_FLOATS = 1 << 21  # transfer-column floats ClusterTables keeps (at most ≈ 64 MB)
 _SLOPE_SPAN = 8192.0  # context tokens over which the per-token slope of step time is measured
 
 
@@ -58,6 +59,8 @@ class ClusterTables:
         self.spt_cls = self.s_per_token[self.pf_rep]
         self._class_sizes = [len(m) for m in self.pf_members]
         self._xcol_cache: dict[int, list[list[float]]] = {}
+        self._xcol_cache_size = max(256, _XCOL_CACHE_FLOATS // (self.num_decode
+                                                               * len(self.pf_models)))
         width = int(self.max_batch.max()) + 2
         base = np.zeros((len(self.dec_models), width))
         slope = np.zeros((len(self.dec_models), width))
@@ -120,12 +123,21 @@ class ClusterTables:
         return hit
 
     def transfer_cols(self, input_tokens: int) -> list[list[float]]:
-        """KV-transfer seconds per (decode instance, prefill class) of a prompt, cached."""
-        hit = self._xcol_cache.get(input_tokens)
+        """KV-transfer seconds per (decode instance, prefill class) of a prompt, cached (treat the
+        lists as read-only).
+
+        The cache holds at most about 2 M floats: an entry holds D·K of them and a trace has
+        thousands of prompt lengths (about 10 kB per length at 64 decode instances and 3 prefill
+        classes, so unbounded it would grow without limit with the cluster). When full it is
+        emptied: hits matter for the calls decisions re-plan, which are recent ones."""
+        cache = self._xcol_cache
+        hit = cache.get(input_tokens)
         if hit is None:
+            if len(cache) >= self._xcol_cache_size:
+                cache.clear()
             hit = [[self.setup_list[p][d] + input_tokens * self.spt_list[p][d]
                     for p in self.pf_rep] for d in range(self.num_decode)]
-            self._xcol_cache[input_tokens] = hit
+            cache[input_tokens] = hit
         return hit
 
     def decode_tau(self, count: np.ndarray, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -101,6 +101,11 @@ class DecisionPoint:
         return [i for i, p in enumerate(self.picked) if not p]
 
     @property
+    def num_remaining(self) -> int:
+        """How many slots are not picked yet."""
+        return self._remaining
+
+    @property
     def num_prefill(self) -> int:
         return self.state.tables.num_prefill
 
@@ -155,7 +160,7 @@ class DecisionPoint:
             flat = int(np.argmin(row))
             p, d = divmod(flat, row.shape[1])
             return p, d, float(row.flat[flat])
-        if self._reduced is None and (len(self.calls) == 1 or self._scalar_window()):
+        if self._reduced is None and (self._remaining == 1 or self._scalar_window()):
             pair = self._scalar_pair(slot)
             self._last = (slot, *pair)
             return pair

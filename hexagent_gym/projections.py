@@ -68,27 +68,48 @@ class Projections:
         """The pair ``np.argmin`` picks in row ``i`` of :meth:`project_prefill` (lowest p, then
         lowest d, among equal Δ) and that Δ, from the row's class projection ``classes`` (K, D).
 
-        Only the decode instances where the minimum occurs are expanded over every prefill
-        instance (exact ties between members and classes are resolved as the full row would)."""
+        Only the (class, decode) entries where the minimum occurs are expanded, in scalar
+        Python, over the members of those classes (exact ties between members and classes are
+        resolved as the full row would)."""
         best = float(classes.min())
         if best == INF:
             return 0, 0, best  # no valid pair: argmin of an all-inf row
-        cols = np.flatnonzero(classes.min(axis=0) == best)
+        num_d = classes.shape[1]
+        ties = np.flatnonzero(classes == best).tolist()  # flat (class, decode) entries at it
+        cols = sorted({f % num_d for f in ties})
         t = self.tables
-        arrive = (self.free + batch.pf[i])[:, None] + (
-            t.setup[:, cols] + batch.l_in[i] * t.s_per_token[:, cols])
         memo = self._start_memo
         if memo is not None and memo[0] is batch:
-            start = memo[1] if isinstance(memo[1], float) else memo[1][i, cols]
+            start = memo[1]
+            if not isinstance(start, float):
+                start = [start.item(i, d) for d in cols]
         else:
             start = self.decode_starts(batch.kv_pred[i:i + 1])
             if not isinstance(start, float):
-                start = start[0, cols]
+                start = [start.item(0, d) for d in cols]
+        if isinstance(start, float):
+            start = [start] * len(cols)
         base, slope = self._tau
-        dec = batch.weight[i] * (base[cols] + slope[cols] * batch.ctx[i])
-        sub = np.maximum(arrive, start) + (dec - self.now)
-        p, j = divmod(int(np.argmin(sub)), len(cols))
-        return p, int(cols[j]), best
+        weight, ctx, l_in, now = (batch.weight.item(i), batch.ctx.item(i), batch.l_in.item(i),
+                                  self.now)
+        ends = [weight * (base.item(d) + slope.item(d) * ctx) - now for d in cols]
+        # Scalar Python over the members of the classes reaching the minimum (the others cannot:
+        # a class's entry is its best member's), in the order np.argmin scans the row: lowest p,
+        # then lowest d. The same operations as the numpy row, so the same floats.
+        reach = sorted({f // num_d for f in ties})
+        members = t.pf_members[reach[0]] if len(reach) == 1 else sorted(
+            p for k in reach for p in t.pf_members[k])
+        free, pf = self.free_l, batch.pf[i].tolist()
+        setup, spt = t.setup_list, t.spt_list
+        for p in members:
+            f = free[p] + pf[p]
+            srow, xrow = setup[p], spt[p]
+            for j, d in enumerate(cols):
+                a = f + (srow[d] + l_in * xrow[d])
+                st = start[j]
+                if (a if a > st else st) + ends[j] == best:
+                    return p, d, best
+        raise AssertionError("the minimum is reached by some pair")
 
     def best_prefill_pair_one(self, call: Call, pf: list[float]) -> tuple[int, int, float]:
         """:meth:`best_prefill_pair` for a window of one call, in scalar Python (the common

@@ -103,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.policy_load} (us per simulated call; first rollout includes the "
                   "standalone horizons):")
             print(f"  {'cluster':<12} {'size':>9} {'workflows':>9} {'calls':>7} "
-                  f"{'first':>7} {'again':>7} {'ms/inv':>7} {'Req99':>6}")
+                  f"{'first':>7} {'again':>7} {'ms/inv':>7} {'picks/call':>10} {'Req99':>6}")
             for r in rows:
                 print(f"  {r.cluster:<12} {r.instances:>9} {r.num_workflows:>9} "
                       f"{r.num_calls:>7} {r.us_per_call_first:>7.1f} {r.us_per_call:>7.1f} "
-                      f"{r.ms_per_invocation:>7.3f} {r.req99:>6.3f}")
+                      f"{r.ms_per_invocation:>7.3f} {r.picks_per_call:>10.2f} {r.req99:>6.3f}")
 
     if not args.ci:
         return 0

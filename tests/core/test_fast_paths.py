@@ -90,3 +90,24 @@ def test_fast_answers_equal_the_full_tensor_when_decode_memory_binds():
     # and twins tie exactly
     seen = check_episode(tight_memory_simulator(), seed=7)
     assert seen["movable"] > 0 and seen["window"] > 0 and seen["ties"] > 0
+
+
+@pytest.mark.parametrize("wait", [0.0, 0.02, 0.2, 100.0])
+def test_best_prefill_pair_when_the_minimum_spans_prefill_classes(wait):
+    # A decode start ``wait`` seconds away dominates the KV arrival of more and more prefill
+    # instances, until every instance of every class ties: best_prefill_pair expands each class
+    # reaching the minimum and must still return np.argmin's pair of the full row.
+    sim = EpisodeFactory(EpisodeConfig(cluster="hetero-1-x2", trace="bfcl_v3", num_workflows=40,
+                                       load=2.0, seed=1)).simulator()
+    dp = sim.run_until_decision()
+    state, batch = dp.state, dp.batch
+    assert dp.stage == Stage.PREFILL and len(set(sim.tables.pf_class.tolist())) > 1
+    state.decode_starts = lambda kv: np.full((len(kv), state.tables.num_decode), state.now + wait)
+    classes = state.project_prefill_classes(batch)
+    full = state.project_prefill(batch)
+    spans = 0
+    for i in range(len(dp.calls)):
+        assert state.best_prefill_pair(batch, i, classes[i]) == argmin_pair(full[i])
+        tied = np.argwhere(full[i] == full[i].min())
+        spans += len(set(sim.tables.pf_class[tied[:, 0]].tolist())) > 1
+    assert (spans > 0) == (wait == 100.0)

@@ -204,4 +204,5 @@ def test_scaling_bench_reports_the_rollouts_it_timed():
         "hexagent")
     assert (row.cluster, row.instances, row.num_workflows) == ("tiny-2p2d", "2P+2D", 6)
     assert row.num_calls == ref.num_calls and row.req99 == ref.req99
+    assert row.picks_per_call == ref.decisions / ref.num_calls > 0
     assert row.us_per_call_first > 0 and row.us_per_call > 0 and row.ms_per_invocation > 0
