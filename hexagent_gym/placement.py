@@ -21,15 +21,24 @@ def decode_terms(tables: ClusterTables, d: int, now: float, tokens: list[float],
     own context ``own_ctx``; admission waits for ``kv`` reserved tokens and a batch slot. The
     one scalar home of this arithmetic (the fallback's rule and the scalar projections call
     it); the same operations as the numpy projections, so the floats agree."""
-    cap, max_batch, base_row, slope_row = tables.dec_static[d]
+    cap, max_batch, _, _ = tables.dec_static[d]
+    n = count[d]
+    end = decode_end(tables, d, now, count, ctx, weight, own_ctx)
+    need = (kv if kv < cap else cap) - (cap - tokens[d])
+    start = now if need <= 0.0 and n < max_batch else slow_start(d, need, n - max_batch + 1)
+    return start, end
+
+
+def decode_end(tables: ClusterTables, d: int, now: float, count: list[int], ctx: list[float],
+               weight: float, own_ctx: float) -> float:
+    """The decode-time term of :func:`decode_terms` alone (decode time − now on ``d``): all a
+    projection needs when no decode limit binds (the start is then ``now``)."""
+    _, _, base_row, slope_row = tables.dec_static[d]
     n = count[d]
     top = tables.batch_top
     b = n + 1 if n < top else top
     slope = slope_row[b]
-    end = weight * ((base_row[b] + slope * ctx[d]) + slope * own_ctx) - now
-    need = (kv if kv < cap else cap) - (cap - tokens[d])
-    start = now if need <= 0.0 and n < max_batch else slow_start(d, need, n - max_batch + 1)
-    return start, end
+    return weight * ((base_row[b] + slope * ctx[d]) + slope * own_ctx) - now
 
 
 def decode_scan(tables: ClusterTables, tokens: list[float], count: list[int],

@@ -5,6 +5,7 @@ updated pick by pick (:class:`PlanState`), and its construction from the live cl
 from __future__ import annotations
 
 import bisect
+from operator import ge, sub
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -128,9 +129,8 @@ class PlanState(Projections):
         that no decode limit can bind, kept current by commits (they only shrink the slack and
         fill batches). Same floats as ``capacity − dec_tokens``."""
         t = self.tables
-        tokens, count = self.dec_tokens_l, self.dec_count_l
-        return (min(cap - x for cap, x in zip(t.dec_capacity, tokens, strict=True)),
-                any(n >= b for n, b in zip(count, t.max_batch_list, strict=True)))
+        return (min(map(sub, t.dec_capacity, self.dec_tokens_l)),
+                any(map(ge, self.dec_count_l, t.max_batch_list)))
 
     def slow_start(self, d: int, need: float, over: int) -> float:
         """Scalar ``decode_starts`` for one call on a decode instance whose limits bind."""
@@ -269,8 +269,8 @@ def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
     """Build Ŝ at ``now`` for planning ``planned`` (those calls hold no reservation in Ŝ)."""
     exclude = {c.uid for c in planned}
     work = [inst.queued_est for inst in prefill]
-    pf_tokens = [float(inst.load_tokens) for inst in prefill]
-    tokens = [float(x.committed_pred) for x in decode]
+    pf_tokens = [inst.load_tokens for inst in prefill]
+    tokens = [x.committed_pred for x in decode]
     count = [x.committed_count for x in decode]
     ctx = [x.sched_ctx for x in decode]
     for c in planned:  # a call being (re-)planned gives up its current place in Ŝ

@@ -18,12 +18,13 @@ conservative step function, so the earliest start is one search in the sorted re
 
 from __future__ import annotations
 
+from operator import add
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hexagent_gym.cluster_tables import INF, mean_own_context
-from hexagent_gym.placement import decode_terms
+from hexagent_gym.placement import decode_end, decode_terms
 
 if TYPE_CHECKING:
     from hexagent_gym.call_batch import CallBatch
@@ -117,15 +118,8 @@ class Projections:
         seconds the projection uses on each instance. Same floats, same tie-breaking."""
         t = self.tables
         now = self.now
-        free = self.free_l
-        ready = []  # per prefill class: its best member's free + prefill
-        for members in t.pf_members:
-            r = INF
-            for p in members:
-                v = free[p] + pf[p]
-                if v < r:
-                    r = v
-            ready.append(r)
+        fp = list(map(add, self.free_l, pf))  # free[p] + pf[p] per instance, the same floats
+        ready = [min(members(fp)) for members in t.pf_member_values]  # each class's best member
         xcols = t.transfer_cols(call.l_in)
         tokens, count, ctx = self._decode_lists()
         l_out = float(call.l_out_pred)
@@ -134,12 +128,19 @@ class Projections:
         kv = float(call.kv_pred)  # as CallBatch.kv_pred (a sample group: its whole demand)
         kv_true = call.kv_true
         capacity = t.dec_capacity
+        limits = self._limits
+        if limits is None:
+            limits = self._limits = self._decode_limits()
+        free_start = not limits[1] and kv <= limits[0]  # no decode limit binds: start = now
         best, cols, starts, ends = INF, [], {}, {}
         for d in self.decode_scan():
             if kv_true > capacity[d]:
                 continue
-            start, end = decode_terms(t, d, now, tokens, count, ctx, weight, own_ctx, kv,
-                                      self.slow_start)
+            if free_start:
+                start, end = now, decode_end(t, d, now, count, ctx, weight, own_ctx)
+            else:
+                start, end = decode_terms(t, d, now, tokens, count, ctx, weight, own_ctx, kv,
+                                          self.slow_start)
             x = xcols[d]
             col = INF
             for k, r in enumerate(ready):
@@ -154,12 +155,24 @@ class Projections:
             starts[d], ends[d] = start, end
         if best == INF:
             return 0, 0, best  # no valid pair: argmin of an all-inf row
+        # lowest p, then lowest d, reaching the minimum; only members of a class whose entry
+        # reaches it can (a class's entry is its best member's)
+        reach = []
+        for k, r in enumerate(ready):
+            for d in cols:
+                a = r + xcols[d][k]
+                start = starts[d]
+                if (a if a > start else start) + ends[d] == best:
+                    reach.append(k)
+                    break
+        members = t.pf_members[reach[0]] if len(reach) == 1 else sorted(
+            p for k in reach for p in t.pf_members[k])
         cls = t.pf_class_list
-        for p, f in enumerate(free):  # lowest p, then lowest d, reaching the minimum
-            fp = f + pf[p]
+        for p in members:
+            f = fp[p]
             k = cls[p]
             for d in cols:
-                a = fp + xcols[d][k]
+                a = f + xcols[d][k]
                 start = starts[d]
                 if (a if a > start else start) + ends[d] == best:
                     return p, d, best
