@@ -201,7 +201,9 @@ class PrefillInstance:
         self.running: Call | None = None
         self.run_end = -math.inf  # scheduler-visible end of the running prefill (-inf: idle)
         self.queued_est = 0.0  # scheduler-visible seconds of prefill work queued (not running)
-        self.load_tokens = 0  # prompt tokens queued or running (the baselines' load signal)
+        # prompt tokens queued or running (the baselines' load signal); a float from the start
+        # so Ŝ copies it as is (sums of token counts are exact in float64)
+        self.load_tokens = 0.0
 
     def pop_next(self) -> Call:
         """Remove and return the queued call with the smallest key."""
@@ -251,7 +253,7 @@ class DecodeInstance:
         self.waiting: list[Call] = []  # transferred, not yet admitted (locked here)
         # Scheduler-visible commitments: calls placed on this decode instance (from placement
         # until they finish): predicted KV tokens and count.
-        self.committed_pred = 0
+        self.committed_pred = 0.0  # a float from the start, so Ŝ copies it as is
         self.committed_count = 0
         self.sched_ctx = 0.0  # Σ (L_in + L_out_pred/2) over committed calls
         self.inbound: dict[int, Call] = {}  # placed here, not admitted yet (uid -> call)
@@ -355,5 +357,5 @@ def prefill_free_times(prefill: list[PrefillInstance], now: float,
     its running prefill's estimated end and ``queued[i]`` seconds of queued work (the instance's
     ``queued_est``, or less when calls being re-planned give theirs up). The one place this is
     computed (Ŝ snapshots and the fallback placement)."""
-    return [(end if end > now else now) + (q if q > 0.0 else 0.0)
-            for end, q in zip([inst.run_end for inst in prefill], queued, strict=True)]
+    return [(end if (end := inst.run_end) > now else now) + (q if q > 0.0 else 0.0)
+            for inst, q in zip(prefill, queued, strict=True)]

@@ -155,7 +155,7 @@ class PlanFlow:
             return state.slow_start(d, need, over)
 
         p, d, delta = earliest_pair(
-            self.tables, now, free, [float(x.committed_pred) for x in dec],
+            self.tables, now, free, [x.committed_pred for x in dec],
             [x.committed_count for x in dec], [x.sched_ctx for x in dec], call, slow_start)
         call.proj_release = now + delta
         self._enqueue_prefill(call, p, d)
