@@ -7,6 +7,7 @@ per-call work runs per class instead of per instance.
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -43,8 +44,8 @@ class ClusterTables:
         # Distinct latency models ("classes") so per-call work is per class, not per instance.
         self.pf_models, self.pf_class = _classes([p.latency for p in cluster.prefill])
         self.dec_models, self.dec_class = _classes([d.latency for d in cluster.decode])
-        self._pf_cache: dict[int, tuple[list[float], list[float]]] = {}
-        self._pf_hit_cache: dict[tuple[int, int], list[float]] = {}
+        self._pf_cache: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {}
+        self._pf_hit_cache: dict[tuple[int, int], tuple[float, ...]] = {}
         self.pf_class_list = self.pf_class.tolist()
         self._pool_cache: dict[tuple[int, int], float] = {}
         # prefill instances of one class share speed and network rows: the placement rule only
@@ -52,13 +53,16 @@ class ClusterTables:
         self.pf_members = [[p for p, k in enumerate(self.pf_class.tolist()) if k == c]
                            for c in range(len(self.pf_models))]
         self.pf_rep = [m[0] for m in self.pf_members]
+        # per class, a getter of its members' entries from a per-instance list (a one-member
+        # class repeats its index so the getter still returns a tuple)
+        self.pf_member_values = [operator.itemgetter(*m, *m[:1]) for m in self.pf_members]
         # class-contiguous order of prefill instances, for one reduceat over each class
         self.pf_perm = np.array([p for m in self.pf_members for p in m], dtype=np.int64)
         self.pf_starts = np.cumsum([0] + [len(m) for m in self.pf_members[:-1]])
         self.setup_cls = self.setup[self.pf_rep]  # (K, D): a class's members share these rows
         self.spt_cls = self.s_per_token[self.pf_rep]
         self._class_sizes = [len(m) for m in self.pf_members]
-        self._xcol_cache: dict[int, list[list[float]]] = {}
+        self._xcol_cache: dict[int, tuple[tuple[float, ...], ...]] = {}
         self._xcol_cache_size = max(256, _XCOL_CACHE_FLOATS // (self.num_decode
                                                                * len(self.pf_models)))
         width = int(self.max_batch.max()) + 2
@@ -91,23 +95,28 @@ class ClusterTables:
         self._alone_pairs = [(p, self.setup[p, dec_rep].tolist(),
                               self.s_per_token[p, dec_rep].tolist()) for p in self.pf_rep]
 
-    def prefill_times(self, input_tokens: int) -> tuple[list[float], list[float]]:
-        """True prefill seconds of a prompt per prefill instance and per prefill class, cached."""
+    def prefill_times(self, input_tokens: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """True prefill seconds of a prompt per prefill instance and per prefill class, cached.
+
+        The cached values here are tuples of floats: CPython's garbage collector stops
+        tracking those, so the thousands of entries a trace fills do not slow every full
+        collection (lists of floats stay tracked; they cost about 30 ms per full collection
+        on hetero-1)."""
         hit = self._pf_cache.get(input_tokens)
         if hit is None:
-            per_class = [lm.prefill_time(input_tokens) for lm in self.pf_models]
-            hit = ([per_class[k] for k in self.pf_class.tolist()], per_class)
+            per_class = tuple(lm.prefill_time(input_tokens) for lm in self.pf_models)
+            hit = (tuple([per_class[k] for k in self.pf_class_list]), per_class)
             self._pf_cache[input_tokens] = hit
         return hit
 
-    def prefill_times_hit(self, input_tokens: int, cached: int) -> list[float]:
+    def prefill_times_hit(self, input_tokens: int, cached: int) -> tuple[float, ...]:
         """True prefill seconds per prefill *class* when ``cached`` prompt tokens hit, cached."""
         if cached <= 0:
             return self.prefill_times(input_tokens)[1]
         key = (input_tokens, cached)
         hit = self._pf_hit_cache.get(key)
         if hit is None:
-            hit = [lm.prefill_time(input_tokens, cached) for lm in self.pf_models]
+            hit = tuple(lm.prefill_time(input_tokens, cached) for lm in self.pf_models)
             self._pf_hit_cache[key] = hit
         return hit
 
@@ -122,9 +131,9 @@ class ClusterTables:
             self._pool_cache[key] = hit
         return hit
 
-    def transfer_cols(self, input_tokens: int) -> list[list[float]]:
-        """KV-transfer seconds per (decode instance, prefill class) of a prompt, cached (treat the
-        lists as read-only).
+    def transfer_cols(self, input_tokens: int) -> tuple[tuple[float, ...], ...]:
+        """KV-transfer seconds per (decode instance, prefill class) of a prompt, cached (tuples,
+        untracked by the garbage collector like :meth:`prefill_times`'s).
 
         The cache holds at most about 2 M floats: an entry holds D·K of them and a trace has
         thousands of prompt lengths (about 10 kB per length at 64 decode instances and 3 prefill
@@ -135,8 +144,8 @@ class ClusterTables:
         if hit is None:
             if len(cache) >= self._xcol_cache_size:
                 cache.clear()
-            hit = [[self.setup_list[p][d] + input_tokens * self.spt_list[p][d]
-                    for p in self.pf_rep] for d in range(self.num_decode)]
+            hit = tuple([tuple([self.setup_list[p][d] + input_tokens * self.spt_list[p][d]
+                                for p in self.pf_rep]) for d in range(self.num_decode)])
             cache[input_tokens] = hit
         return hit
 
