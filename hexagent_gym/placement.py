@@ -18,12 +18,18 @@ def decode_terms(tables: ClusterTables, d: int, now: float, tokens: list[float],
     """One call on decode instance ``d`` under Ŝ: (earliest admission time, decode time − now).
 
     The decode time is ``weight · τ_d`` with the call joining d's committed batch at its mean
-    own context ``own_ctx``; admission waits for ``kv`` reserved tokens and a batch slot. The
-    one scalar home of this arithmetic (the fallback's rule and the scalar projections call
-    it); the same operations as the numpy projections, so the floats agree."""
-    cap, max_batch, _, _ = tables.dec_static[d]
+    own context ``own_ctx``; admission waits for ``kv`` reserved tokens and a batch slot. With
+    :func:`decode_end` (its second term alone) the scalar home of this arithmetic (the
+    fallback's rule and the scalar projections call them); the same operations as the numpy
+    projections, so the floats agree."""
+    cap, max_batch, base_row, slope_row = tables.dec_static[d]
     n = count[d]
-    end = decode_end(tables, d, now, count, ctx, weight, own_ctx)
+    # decode_end's arithmetic, inlined: this is the fallback's innermost loop, where one more
+    # call per decode instance cost the engine ≈ 5 % per call on 64P+64D (tested equal)
+    top = tables.batch_top
+    b = n + 1 if n < top else top
+    slope = slope_row[b]
+    end = weight * ((base_row[b] + slope * ctx[d]) + slope * own_ctx) - now
     need = (kv if kv < cap else cap) - (cap - tokens[d])
     start = now if need <= 0.0 and n < max_batch else slow_start(d, need, n - max_batch + 1)
     return start, end

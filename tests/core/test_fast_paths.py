@@ -111,3 +111,31 @@ def test_best_prefill_pair_when_the_minimum_spans_prefill_classes(wait):
         tied = np.argwhere(full[i] == full[i].min())
         spans += len(set(sim.tables.pf_class[tied[:, 0]].tolist())) > 1
     assert (spans > 0) == (wait == 100.0)
+
+
+def test_decode_end_equals_decode_terms_end():
+    # decode_terms inlines decode_end's arithmetic (the fallback's hot loop): both must give the
+    # same float for every decode instance, batch size and context
+    from hexagent_gym.cluster import load_cluster
+    from hexagent_gym.cluster_tables import ClusterTables
+    from hexagent_gym.placement import decode_end, decode_terms
+
+    tables = ClusterTables(load_cluster("hetero-1"))
+    rng = np.random.default_rng(0)
+    num_d = tables.num_decode
+    never = lambda d, need, over: pytest.fail("no limit binds here")  # noqa: E731
+    checked = 0
+    for _ in range(200):
+        count = rng.integers(0, tables.batch_top + 3, num_d).tolist()
+        ctx = rng.uniform(0.0, 2e5, num_d).tolist()
+        tokens = [0.0] * num_d
+        weight, own_ctx, now = rng.uniform(1, 500), rng.uniform(0, 9e3), rng.uniform(0, 100)
+        for d in range(num_d):
+            if count[d] >= tables.dec_static[d][1]:
+                continue  # a full batch takes the slow start: not this test's concern
+            start, end = decode_terms(tables, d, now, tokens, count, ctx, weight, own_ctx, 0.0,
+                                      never)
+            assert start == now
+            assert end == decode_end(tables, d, now, count, ctx, weight, own_ctx)
+            checked += 1
+    assert checked > 1000
