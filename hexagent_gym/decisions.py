@@ -121,14 +121,39 @@ class DecisionPoint:
         locked (p, d) is finite. Recomputed lazily after every pick.
         """
         if self._delta is None:
-            if self.stage == Stage.PREFILL:
-                delta = self.state.project_prefill(self.batch)
+            if self._scalar_window():
+                delta = self._scalar_delta()
             else:
-                delta = self.state.project_decode(self.batch)
-            if self._remaining < len(self.calls):
-                delta[np.asarray(self.picked)] = np.inf
+                if self.stage == Stage.PREFILL:
+                    delta = self.state.project_prefill(self.batch)
+                else:
+                    delta = self.state.project_decode(self.batch)
+                if self._remaining < len(self.calls):
+                    delta[np.asarray(self.picked)] = np.inf
             self._delta = delta
         return self._delta
+
+    def _scalar_delta(self) -> np.ndarray:
+        """:attr:`delta` of a small window row by row in scalar Python, without the window's
+        :class:`CallBatch` (the same floats as the numpy projection; one array built at the
+        end)."""
+        state = self.state
+        P, D = self.num_prefill, self.num_decode
+        masked = [np.inf] * (P * D)
+        flat: list[float] = []
+        if self.stage == Stage.PREFILL:
+            for call, picked in zip(self.calls, self.picked, strict=True):
+                flat += masked if picked else state.prefill_delta_one(call, self._pf(call))
+        else:
+            for call, picked in zip(self.calls, self.picked, strict=True):
+                if picked:
+                    flat += masked
+                else:  # only the row of its prefill instance can be finite
+                    p = call.prefill_inst
+                    flat += masked[:p * D]
+                    flat += state.decode_delta_one(call)
+                    flat += masked[(p + 1) * D:]
+        return np.array(flat).reshape(len(self.calls), P, D)
 
     @property
     def min_delta(self) -> np.ndarray:

@@ -178,6 +178,72 @@ class Projections:
                     return p, d, best
         raise AssertionError("the minimum is reached by some pair")
 
+    def _decode_terms_all(self, call: Call) -> tuple[list[float], list[float]]:
+        """(earliest start, decode end − now) of ``call`` on every decode instance under Ŝ, in
+        scalar Python: the per-instance terms the numpy projections broadcast (same floats)."""
+        t = self.tables
+        now = self.now
+        tokens, count, ctx = self._decode_lists()
+        l_out = float(call.l_out_pred)
+        weight = l_out * call.dec_err
+        own_ctx = mean_own_context(call.l_in, l_out)
+        kv = float(call.kv_pred)  # as CallBatch.kv_pred (a sample group: its whole demand)
+        limits = self._limits
+        if limits is None:
+            limits = self._limits = self._decode_limits()
+        decoders = range(t.num_decode)
+        if not limits[1] and kv <= limits[0]:  # no decode limit binds: every start is now
+            return ([now] * t.num_decode,
+                    [decode_end(t, d, now, count, ctx, weight, own_ctx) for d in decoders])
+        starts, ends = [], []
+        for d in decoders:
+            start, end = decode_terms(t, d, now, tokens, count, ctx, weight, own_ctx, kv,
+                                      self.slow_start)
+            starts.append(start)
+            ends.append(end)
+        return starts, ends
+
+    def prefill_delta_one(self, call: Call, pf: list[float]) -> list[float]:
+        """Row ``project_prefill(batch)[i]`` of one waiting call, flattened (P·D floats, p-major),
+        in scalar Python: the same operations in the same order, so the same floats (numpy's
+        fixed cost per operation dominates at a few calls on a small cluster). ``pf``: the
+        prefill seconds the projection uses on each instance."""
+        t = self.tables
+        starts, ends = self._decode_terms_all(call)
+        xcols = t.transfer_cols(call.l_in)  # [d][class]: a class's members share the rows
+        by_class = [[col[k] for col in xcols] for k in range(len(t.pf_members))]
+        kv_true = call.kv_true
+        fits = [kv_true <= cap for cap in t.dec_capacity]
+        cls = t.pf_class_list
+        out: list[float] = []
+        for p, f in enumerate(map(add, self.free_l, pf)):
+            out += [((a if (a := f + x) > st else st) + e) if ok else INF
+                    for x, st, e, ok in zip(by_class[cls[p]], starts, ends, fits, strict=True)]
+        return out
+
+    def decode_delta_one(self, call: Call) -> list[float]:
+        """Row ``project_decode_rows(batch)[i]`` of one call at the decode stage (D floats) in
+        scalar Python, same floats: finite at its own instance, and, for a free call its own
+        instance cannot admit now, at every instance that can hold it (KV sent again from p)."""
+        t = self.tables
+        now = self.now
+        own = call.decode_inst
+        starts, ends = self._decode_terms_all(call)
+        row = [INF] * t.num_decode
+        if (self.free_decode and call.preempted == 0 and not call.moved
+                and starts[own] > now):
+            p, l_in, kv_true = call.prefill_inst, call.l_in, call.kv_true
+            setup, spt, capacity = t.setup_list[p], t.spt_list[p], t.dec_capacity
+            for d in range(t.num_decode):
+                if kv_true > capacity[d]:
+                    continue
+                a = now if d == own else now + (setup[d] + l_in * spt[d])
+                st = starts[d]
+                row[d] = (a if a > st else st) + ends[d]
+        else:
+            row[own] = starts[own] + ends[own]
+        return row
+
     def _decode_lists(self) -> tuple[list[float], list[int], list[float]]:
         return self.dec_tokens_l, self.dec_count_l, self.dec_ctx_l
 

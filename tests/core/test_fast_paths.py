@@ -1,10 +1,11 @@
 """The decision seam's fast answers equal the full Δ tensor's, bit for bit.
 
 ``DecisionPoint.min_delta`` and ``best_pair`` never build the (n, P, D) tensor: they reduce over
-prefill classes, take scalar paths for one-call windows and expand only tied decode instances.
-Here every pick of real episodes (heterogeneous clusters with several members per class, queues,
-prefix-cache hits, binding decode limits, free decode moves) is checked against ``np.argmin`` and
-``min`` over the full tensor, computed independently from the same Ŝ.
+prefill classes, take scalar paths for one-call windows and expand only tied decode instances;
+``delta`` itself is built row by row in scalar Python for small windows. Here every pick of real
+episodes (heterogeneous clusters with several members per class, queues, prefix-cache hits,
+binding decode limits, free decode moves) is checked against ``np.argmin`` and ``min`` over the
+full tensor, computed independently from the same Ŝ.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def argmin_pair(row: np.ndarray) -> tuple[int, int, float]:
 
 def check_episode(sim, seed: int) -> dict[str, int]:
     rng = np.random.default_rng(seed)
-    seen = {"one": 0, "window": 0, "long": 0, "ties": 0, "decode": 0, "movable": 0}
+    seen = {"one": 0, "window": 0, "long": 0, "ties": 0, "decode": 0, "movable": 0,
+            "scalar_delta": 0}
     dp = sim.run_until_decision()
     while dp is not None:
         while not dp.done:
@@ -49,6 +51,10 @@ def check_episode(sim, seed: int) -> dict[str, int]:
                 assert dp.best_pair(i) == argmin_pair(ref[i])
                 row = ref[i]
                 seen["ties"] += int(np.count_nonzero(row == row.min()) > 1 and row.min() < np.inf)
+            if rng.random() < 0.5:  # the tensor itself (scalar rows for small windows); on
+                # the other half of the picks the pick below prices its entry without it
+                seen["scalar_delta"] += dp._scalar_window()
+                assert np.array_equal(dp.delta, ref)
             n = len(dp.calls)
             seen["one" if n == 1 else "window" if n <= 16 else "long"] += 1
             if dp.stage == Stage.DECODE:
@@ -81,6 +87,7 @@ def check_episode(sim, seed: int) -> dict[str, int]:
 def test_fast_answers_equal_the_full_tensor(config):
     seen = check_episode(EpisodeFactory(config).simulator(), seed=config.seed)
     assert seen["one"] > 0 and seen["decode"] > 0 and seen["ties"] > 0
+    assert seen["scalar_delta"] > 0
     if config.arrival_rate:  # the burst fills long windows
         assert seen["window"] > 0 and seen["long"] > 0
 
@@ -90,6 +97,7 @@ def test_fast_answers_equal_the_full_tensor_when_decode_memory_binds():
     # and twins tie exactly
     seen = check_episode(tight_memory_simulator(), seed=7)
     assert seen["movable"] > 0 and seen["window"] > 0 and seen["ties"] > 0
+    assert seen["scalar_delta"] > 0
 
 
 @pytest.mark.parametrize("wait", [0.0, 0.02, 0.2, 100.0])
