@@ -203,24 +203,6 @@ class Projections:
             ends.append(end)
         return starts, ends
 
-    def prefill_delta_one(self, call: Call, pf: list[float]) -> list[float]:
-        """Row ``project_prefill(batch)[i]`` of one waiting call, flattened (P·D floats, p-major),
-        in scalar Python: the same operations in the same order, so the same floats (numpy's
-        fixed cost per operation dominates at a few calls on a small cluster). ``pf``: the
-        prefill seconds the projection uses on each instance."""
-        t = self.tables
-        starts, ends = self._decode_terms_all(call)
-        xcols = t.transfer_cols(call.l_in)  # [d][class]: a class's members share the rows
-        by_class = [[col[k] for col in xcols] for k in range(len(t.pf_members))]
-        kv_true = call.kv_true
-        fits = [kv_true <= cap for cap in t.dec_capacity]
-        cls = t.pf_class_list
-        out: list[float] = []
-        for p, f in enumerate(map(add, self.free_l, pf)):
-            out += [((a if (a := f + x) > st else st) + e) if ok else INF
-                    for x, st, e, ok in zip(by_class[cls[p]], starts, ends, fits, strict=True)]
-        return out
-
     def decode_delta_one(self, call: Call) -> list[float]:
         """Row ``project_decode_rows(batch)[i]`` of one call at the decode stage (D floats) in
         scalar Python, same floats: finite at its own instance, and, for a free call its own

@@ -2,10 +2,10 @@
 
 ``DecisionPoint.min_delta`` and ``best_pair`` never build the (n, P, D) tensor: they reduce over
 prefill classes, take scalar paths for one-call windows and expand only tied decode instances;
-``delta`` itself is built row by row in scalar Python for small windows. Here every pick of real
-episodes (heterogeneous clusters with several members per class, queues, prefix-cache hits,
-binding decode limits, free decode moves) is checked against ``np.argmin`` and ``min`` over the
-full tensor, computed independently from the same Ŝ.
+``delta`` itself is built row by row in scalar Python for small decode-stage windows. Here
+every pick of real episodes (heterogeneous clusters with several members per class, queues,
+prefix-cache hits, binding decode limits, free decode moves) is checked against ``np.argmin`` and
+``min`` over the full tensor, computed independently from the same Ŝ.
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ def check_episode(sim, seed: int) -> dict[str, int]:
                 assert dp.best_pair(i) == argmin_pair(ref[i])
                 row = ref[i]
                 seen["ties"] += int(np.count_nonzero(row == row.min()) > 1 and row.min() < np.inf)
-            if rng.random() < 0.5:  # the tensor itself (scalar rows for small windows); on
-                # the other half of the picks the pick below prices its entry without it
-                seen["scalar_delta"] += dp._scalar_window()
+            if rng.random() < 0.5:  # the tensor itself (scalar rows for small decode windows);
+                # on the other half of the picks the pick below prices its entry without it
+                seen["scalar_delta"] += dp.stage == Stage.DECODE and dp._scalar_window()
                 assert np.array_equal(dp.delta, ref)
             n = len(dp.calls)
             seen["one" if n == 1 else "window" if n <= 16 else "long"] += 1
