@@ -160,8 +160,8 @@ class Encoder:
             self._decode_static[i] = row
         np.minimum(self._prefill_static, CLIP, out=self._prefill_static)
         np.minimum(self._decode_static, CLIP, out=self._decode_static)
-        self._capacity = tables.capacity.copy()
-        self._max_batch = tables.max_batch.astype(np.float64)
+        self._capacity = tables.capacity.tolist()  # Python floats: observe() reads them in lists
+        self._max_batch = tables.max_batch.astype(np.float64).tolist()
         self._padded = p_max != P or d_max != D
         self._pd_live = P * D
         self._calls_empty = np.zeros((k, len(CALL_FEATURES)), dtype=f32)
@@ -174,8 +174,8 @@ class Encoder:
         self._decode = self._decode_static.copy()
         self._globals = np.zeros(len(GLOBAL_FEATURES), dtype=f32)
         self._cached = self._cached_empty.copy()
-        self._age = np.zeros(0)
-        self._h_est = np.zeros(0)
+        self._age: list[float] = []
+        self._h_est: list[float] = []
 
     # -- actions --------------------------------------------------------------------------------
     def decode_action(self, action: int) -> tuple[int, int, int]:
@@ -221,8 +221,8 @@ class Encoder:
             block[:] = rows
             np.minimum(block, CLIP, out=block)
         self._calls = table
-        self._age = np.array(age)
-        self._h_est = np.array(h_est)
+        self._age = age
+        self._h_est = h_est
         # prefix-cache hit fractions: fixed within a decision (caches change only between them);
         # read from the calls' views, not dp.cached, so dp.batch is not built here
         cached = self._cached_empty.copy()
@@ -256,7 +256,9 @@ class Encoder:
         """Observation and flat joint mask (bool, length K·P_max·D_max) of the open decision
         point under the current Ŝ (call :meth:`begin` first).
 
-        This runs on every step: a fixed, small number of numpy calls, no per-slot Python."""
+        This runs on every step. The Δ grid and mask are a fixed, small number of numpy calls;
+        the per-slot and per-instance columns are short Python lists (a numpy call's fixed cost
+        exceeds a list's at these sizes), with the same float64 operations, so the same values."""
         dp = self._dp
         assert dp is not None, "begin() must run before observe()"
         P, D, pd = self.num_prefill, self.num_decode, self._pd_live
@@ -267,43 +269,35 @@ class Encoder:
         fin = np.isfinite(flat)
         scaled = flat * inv
         np.minimum(scaled, CLIP, out=scaled)
-        best = flat.min(axis=1)  # inf when the slot has no valid pair (picked)
 
         calls = self._calls.copy()
+        best = flat.min(axis=1).tolist()  # inf when the slot has no valid pair (picked)
         calls[:n, _C_PICKED] = dp.picked
-        bs = best * inv
-        np.minimum(bs, CLIP, out=bs)
-        calls[:n, _C_MIN] = bs
-        risk = self._age + best
-        risk /= self._h_est
-        np.minimum(risk, CLIP, out=risk)
-        calls[:n, _C_RISK] = risk
+        calls[:n, _C_MIN] = [min(b * inv, CLIP) for b in best]
+        calls[:n, _C_RISK] = [min((a + b) / h, CLIP)
+                              for a, b, h in zip(self._age, best, self._h_est, strict=True)]
 
         state = dp.state
+        now = dp.now
         pre = self._prefill.copy()
-        free = state.free - dp.now  # Ŝ free times are >= now
-        free *= inv
-        np.minimum(free, CLIP, out=free)
-        pre[:P, _P_FREE] = free
+        pre[:P, _P_FREE] = [min((f - now) * inv, CLIP) for f in state.free_l]  # Ŝ free >= now
         dec = self._decode.copy()
-        kv = state.dec_tokens / self._capacity
-        np.minimum(kv, CLIP, out=kv)
-        dec[:D, _D_KV] = kv
-        count = state.dec_count / self._max_batch
-        np.minimum(count, CLIP, out=count)
-        dec[:D, _D_COUNT] = count
+        dec[:D, _D_KV] = [min(x / c, CLIP) for x, c in zip(state.dec_tokens_l, self._capacity,
+                                                             strict=True)]
+        dec[:D, _D_COUNT] = [min(x / m, CLIP) for x, m in zip(state.dec_count_l, self._max_batch,
+                                                              strict=True)]
         glob = self._globals.copy()
         picks = len(dp.plan)
         glob[_G_UNPICKED] = (n - picks) / self.k
         glob[_G_PICKS] = picks / self.k
 
-        grid = self._grid_empty.copy()
+        grid = self._grid_empty.copy()  # DELTA_MASKED everywhere: the valid entries go in
         mask = np.zeros(self.num_actions, dtype=bool)
         if self._padded:
-            grid[:n, :P, :D] = np.where(fin, scaled, DELTA_MASKED).reshape(n, P, D)
+            np.copyto(grid[:n, :P, :D], scaled.reshape(n, P, D), where=fin.reshape(n, P, D))
             mask.reshape(self.k, self.p_max, self.d_max)[:n, :P, :D] = fin.reshape(n, P, D)
         else:
-            grid.reshape(self.k, pd)[:n] = np.where(fin, scaled, DELTA_MASKED)
+            np.copyto(grid.reshape(self.k, pd)[:n], scaled, where=fin)
             mask[:n * pd] = fin.reshape(-1)
         obs = {"calls": calls, "delta": grid, "prefill": pre, "decode": dec, "globals": glob,
                "cached": self._cached.copy()}
