@@ -176,6 +176,65 @@ def test_pairs_whose_decode_instance_cannot_hold_the_kv_are_masked():
         math.log1p(100_000) / 10, rel=1e-6)
 
 
+def reference_dynamic_features(env) -> dict[str, np.ndarray]:
+    """The features that change with each pick, computed directly with numpy in float64 from
+    the open decision point (Δ tensor, Ŝ arrays, the calls' workflows), then cast to float32
+    as the observation stores them."""
+    dp, enc = env.decision_point, env.unwrapped.encoder
+    P, D, inv = enc.num_prefill, enc.num_decode, 1.0 / env.unwrapped.options.time_scale
+    n = len(dp.calls)
+    flat = dp.delta.reshape(n, P * D)
+    fin = np.isfinite(flat)
+    grid = np.full((enc.k, enc.p_max, enc.d_max), -1.0)
+    grid[:n, :P, :D] = np.where(fin, np.minimum(flat * inv, CLIP), -1.0).reshape(n, P, D)
+    best = flat.min(axis=1)
+    age = np.array([dp.now - c.workflow.arrival for c in dp.calls])
+    h = np.array([c.workflow.h_est if c.workflow.h_est > 0.0 else 1e-9 for c in dp.calls])
+    tables = env.simulator.tables
+    return {
+        "delta": grid.astype(np.float32),
+        "min_delta": np.minimum(best * inv, CLIP).astype(np.float32),
+        "risk": np.minimum((age + best) / h, CLIP).astype(np.float32),
+        "free_in": np.minimum((dp.state.free - dp.now) * inv, CLIP).astype(np.float32),
+        "committed_kv": np.minimum(dp.state.dec_tokens / tables.capacity, CLIP).astype(np.float32),
+        "committed_count": np.minimum(dp.state.dec_count / tables.max_batch,
+                                      CLIP).astype(np.float32),
+    }
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(cluster="hetero-1", trace="bfcl_v3", num_workflows=40, arrival_rate=60.0, seed=1),
+    dict(cluster="hetero-1-lowmem", trace="agent_sessions", num_workflows=8, load=3.0, seed=3,
+         p_max=10, d_max=9, max_calls_per_decision=4),
+], ids=["hetero-1", "lowmem-padded"])
+def test_dynamic_features_equal_a_direct_numpy_computation_at_every_step(overrides):
+    # observe() builds these from Python lists (faster at these sizes); every value must be the
+    # one the plain float64 numpy expressions give, at every pick of a whole episode
+    env = hexagent_gym.make(**overrides)
+    rng = np.random.default_rng(0)
+    obs, _ = env.reset(seed=0)
+    P, D = env.unwrapped.encoder.num_prefill, env.unwrapped.encoder.num_decode
+    pf, dc = PREFILL_FEATURES.index("free_in"), DECODE_FEATURES.index("committed_kv")
+    dn = DECODE_FEATURES.index("committed_count")
+    steps = 0
+    while env.decision_point is not None:
+        ref = reference_dynamic_features(env)
+        n = len(env.decision_point.calls)
+        np.testing.assert_array_equal(obs["delta"], ref["delta"])
+        np.testing.assert_array_equal(obs["calls"][:n, C["min_delta"]], ref["min_delta"])
+        np.testing.assert_array_equal(obs["calls"][:n, C["risk"]], ref["risk"])
+        np.testing.assert_array_equal(obs["prefill"][:P, pf], ref["free_in"])
+        np.testing.assert_array_equal(obs["decode"][:D, dc], ref["committed_kv"])
+        np.testing.assert_array_equal(obs["decode"][:D, dn], ref["committed_count"])
+        np.testing.assert_array_equal(env.action_masks().reshape(ref["delta"].shape),
+                                      ref["delta"] != -1.0)
+        obs, _, terminated, _, _ = env.step(random_valid(env, rng))
+        steps += 1
+        if terminated:
+            break
+    assert steps > 50
+
+
 def test_observations_stay_in_bounds_and_are_fresh_over_a_whole_episode(env):
     rng = np.random.default_rng(2)
     obs, _ = env.reset(seed=1)
