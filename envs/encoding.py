@@ -229,9 +229,10 @@ class Encoder:
         if not decode_stage:
             P = self.num_prefill
             for i, c in enumerate(calls):
-                if c.cached is not None:
-                    cached[i, :P] = np.minimum(np.asarray(c.cached, dtype=np.float64)
-                                               / max(c.l_in, 1), 1.0)
+                hits = c.cached
+                if hits is not None:  # token counts: exact in float64, so the same quotients
+                    whole = max(c.l_in, 1)
+                    cached[i, :P] = [min(h / whole, 1.0) for h in hits]
         self._cached = cached
 
         P, D = self.num_prefill, self.num_decode

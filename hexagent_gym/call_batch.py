@@ -17,7 +17,7 @@ class CallBatch:
     """Constant per-call arrays of a decision's window, built once and reused at every pick."""
 
     __slots__ = ("pf", "weight", "ctx", "kv_pred", "l_in", "too_big", "any_too_big",
-                 "prefill_inst", "decode_inst", "arrival", "h_est", "locked", "_xfer",
+                 "_prefill_inst", "_decode_inst", "_arrival", "_h_est", "_locked", "_xfer",
                  "_xfer_cls", "_tables", "_calls", "_cached")
 
     def __init__(self, tables: ClusterTables, calls: list[Call], cache_aware: bool = True) -> None:
@@ -27,9 +27,6 @@ class CallBatch:
         err = np.array([c.dec_err for c in calls])
         # (n, P) estimated prefill seconds: with the cache hits each instance offers, or cold
         self.pf = np.array([c.pf_est if cache_aware else c.pf_cold for c in calls])
-        # at the decode stage a call is locked to its instance once that instance has served it
-        # (a preempted call) or once it has moved; before that it is free to move
-        self.locked = np.array([c.preempted > 0 or c.moved for c in calls], dtype=bool)
         self._calls = calls
         self._cached = None
         self.weight = l_out * err  # decode seconds = weight · per-token step time
@@ -40,10 +37,46 @@ class CallBatch:
         kv_true = np.array([c.kv_true for c in calls], dtype=np.float64)
         self.too_big = kv_true[:, None] > tables.capacity[None, :]  # (n, D) never fits
         self.any_too_big = bool(self.too_big.any())
-        self.prefill_inst = np.array([c.prefill_inst for c in calls], dtype=np.int64)
-        self.decode_inst = np.array([c.decode_inst for c in calls], dtype=np.int64)
-        self.arrival = np.array([c.workflow.arrival for c in calls])  # workflow arrival a_w
-        self.h_est = np.array([c.workflow.h_est for c in calls])  # running horizon H_w(t)
+        # read by some projections and policies only: built on first use
+        self._prefill_inst = self._decode_inst = self._arrival = self._h_est = None
+        self._locked = None
+
+    @property
+    def prefill_inst(self) -> np.ndarray:
+        """(n,) int64 prefill instance each call is placed on (-1: not placed)."""
+        if self._prefill_inst is None:
+            self._prefill_inst = np.array([c.prefill_inst for c in self._calls], dtype=np.int64)
+        return self._prefill_inst
+
+    @property
+    def decode_inst(self) -> np.ndarray:
+        """(n,) int64 decode instance each call is placed on (-1: not placed)."""
+        if self._decode_inst is None:
+            self._decode_inst = np.array([c.decode_inst for c in self._calls], dtype=np.int64)
+        return self._decode_inst
+
+    @property
+    def arrival(self) -> np.ndarray:
+        """(n,) arrival a_w of each call's workflow."""
+        if self._arrival is None:
+            self._arrival = np.array([c.workflow.arrival for c in self._calls])
+        return self._arrival
+
+    @property
+    def h_est(self) -> np.ndarray:
+        """(n,) running horizon H_w(t) of each call's workflow, as it was at this decision."""
+        if self._h_est is None:
+            self._h_est = np.array([c.workflow.h_est for c in self._calls])
+        return self._h_est
+
+    @property
+    def locked(self) -> np.ndarray:
+        """(n,) bool: at the decode stage a call is locked to its instance once that instance
+        has served it (a preempted call) or once it has moved; before that it is free to move."""
+        if self._locked is None:
+            self._locked = np.array([c.preempted > 0 or c.moved for c in self._calls],
+                                    dtype=bool)
+        return self._locked
 
     @property
     def cached(self) -> np.ndarray:
