@@ -85,7 +85,9 @@ class DecisionPoint:
         Raises:
             RuntimeError: projections were already built from the cache-aware view.
         """
-        if self._batch is not None or self.plan:
+        if (self.plan or self._pairs or self._last is not None
+                or any(x is not None for x in (self._batch, self._delta, self._reduced,
+                                               self._min))):
             raise RuntimeError("ignore_cache() must come before the decision's first projection "
                                "or pick")
         self._cache_aware = False
@@ -123,6 +125,11 @@ class DecisionPoint:
         if self._delta is None:
             if self.stage == Stage.DECODE and self._scalar_window():
                 delta = self._scalar_decode_delta()
+            elif self.stage == Stage.PREFILL and self._remaining == 1:  # one row, no CallBatch
+                slot = self.picked.index(False)
+                call = self.calls[slot]
+                delta = np.full((len(self.calls), self.num_prefill, self.num_decode), np.inf)
+                delta[slot] = self.state.prefill_delta_one(call, self._pf(call))
             else:
                 if self.stage == Stage.PREFILL:
                     delta = self.state.project_prefill(self.batch)
@@ -230,10 +237,10 @@ class DecisionPoint:
         """Δ (P, D) of one slot, without computing the whole tensor (for one-pass orderings)."""
         if self._delta is not None:
             return self._delta[slot]
-        one = self.batch.row(slot)
         if self.stage == Stage.PREFILL:
-            return self.state.project_prefill(one)[0]
-        return self.state.project_decode(one)[0]
+            call = self.calls[slot]
+            return self.state.prefill_delta_one(call, self._pf(call))
+        return self.state.project_decode(self.batch.row(slot))[0]
 
     def _delta_at(self, slot: int, p: int, d: int) -> float:
         """Δ of one (slot, p, d) under the current Ŝ (one entry, not the row)."""

@@ -203,6 +203,21 @@ class Projections:
             ends.append(end)
         return starts, ends
 
+    def prefill_delta_one(self, call: Call, pf: list[float]) -> np.ndarray:
+        """Row ``project_prefill(batch)[i]`` (P, D) of one waiting call without a
+        :class:`CallBatch`: the per-decode terms in scalar Python, the (P, D) broadcast in
+        numpy, the same operations in the same order (so the same floats). ``pf``: the prefill
+        seconds the projection uses on each instance."""
+        t = self.tables
+        starts, ends = self._decode_terms_all(call)
+        arrive = np.add(self.free_l, pf)[:, None] + (t.setup + float(call.l_in) * t.s_per_token)
+        row = np.maximum(arrive, starts)
+        row += ends
+        too_big = t.capacity < call.kv_true
+        if too_big.any():
+            row[:, too_big] = INF
+        return row
+
     def decode_delta_one(self, call: Call) -> list[float]:
         """Row ``project_decode_rows(batch)[i]`` of one call at the decode stage (D floats) in
         scalar Python, same floats: finite at its own instance, and, for a free call its own

@@ -183,9 +183,15 @@ def test_hexagent_nocache_places_at_the_cold_argmin():
     assert (p, d) == divmod(int(np.argmin(row)), row.shape[1])
 
 
-def test_ignore_cache_after_the_first_projection_is_refused():
+@pytest.mark.parametrize("first", [
+    lambda dp: dp.delta, lambda dp: dp.min_delta, lambda dp: dp.best_pair(0),
+    lambda dp: dp.delta_row(0) is not None and dp.best_pair(len(dp.calls) - 1),
+], ids=["delta", "min_delta", "best_pair", "best_pair-last"])
+def test_ignore_cache_after_the_first_projection_is_refused(first):
+    # however the first projection was built (tensor, class reduction, scalar pair), it was
+    # built cache-aware: switching the view afterwards would mix the two
     _, dp = children_decision(parent_p=1)
-    dp.delta  # noqa: B018 - the projection is built cache-aware
+    first(dp)
     with pytest.raises(RuntimeError, match="ignore_cache"):
         HexAgentNoCache().pick(dp)
 

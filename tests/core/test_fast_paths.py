@@ -2,10 +2,11 @@
 
 ``DecisionPoint.min_delta`` and ``best_pair`` never build the (n, P, D) tensor: they reduce over
 prefill classes, take scalar paths for one-call windows and expand only tied decode instances;
-``delta`` itself is built row by row in scalar Python for small decode-stage windows. Here
-every pick of real episodes (heterogeneous clusters with several members per class, queues,
-prefix-cache hits, binding decode limits, free decode moves) is checked against ``np.argmin`` and
-``min`` over the full tensor, computed independently from the same Ŝ.
+``delta`` itself is built without the window's arrays for small decode-stage windows and for
+one call left at the prefill stage. Here every pick of real episodes (heterogeneous clusters with
+several members per class, queues, prefix-cache hits, binding decode limits, free decode moves)
+is checked against ``np.argmin`` and ``min`` over the full tensor, computed independently from
+the same Ŝ.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def argmin_pair(row: np.ndarray) -> tuple[int, int, float]:
 def check_episode(sim, seed: int) -> dict[str, int]:
     rng = np.random.default_rng(seed)
     seen = {"one": 0, "window": 0, "long": 0, "ties": 0, "decode": 0, "movable": 0,
-            "scalar_delta": 0}
+            "decode_rows": 0, "prefill_row": 0}
     dp = sim.run_until_decision()
     while dp is not None:
         while not dp.done:
@@ -45,15 +46,18 @@ def check_episode(sim, seed: int) -> dict[str, int]:
             first = int(rng.choice(live))
             # before anything is cached: the scalar (one call), window or one-row path
             assert dp.best_pair(first) == argmin_pair(ref[first])
+            assert np.array_equal(dp.delta_row(first), ref[first])
             best = ref.reshape(len(dp.calls), -1).min(axis=1)
             assert np.array_equal(dp.min_delta, best)
             for i in live:  # from the cached class projection
                 assert dp.best_pair(i) == argmin_pair(ref[i])
                 row = ref[i]
                 seen["ties"] += int(np.count_nonzero(row == row.min()) > 1 and row.min() < np.inf)
-            if rng.random() < 0.5:  # the tensor itself (scalar rows for small decode windows);
-                # on the other half of the picks the pick below prices its entry without it
-                seen["scalar_delta"] += dp.stage == Stage.DECODE and dp._scalar_window()
+            if rng.random() < 0.5:  # the tensor itself (built without the CallBatch for small
+                # decode windows and one-call prefill rows); on the other half of the picks the
+                # pick below prices its entry without it
+                seen["decode_rows"] += dp.stage == Stage.DECODE and dp._scalar_window()
+                seen["prefill_row"] += dp.stage == Stage.PREFILL and dp.num_remaining == 1
                 assert np.array_equal(dp.delta, ref)
             n = len(dp.calls)
             seen["one" if n == 1 else "window" if n <= 16 else "long"] += 1
@@ -87,7 +91,7 @@ def check_episode(sim, seed: int) -> dict[str, int]:
 def test_fast_answers_equal_the_full_tensor(config):
     seen = check_episode(EpisodeFactory(config).simulator(), seed=config.seed)
     assert seen["one"] > 0 and seen["decode"] > 0 and seen["ties"] > 0
-    assert seen["scalar_delta"] > 0
+    assert seen["decode_rows"] > 0 and seen["prefill_row"] > 0
     if config.arrival_rate:  # the burst fills long windows
         assert seen["window"] > 0 and seen["long"] > 0
 
@@ -97,7 +101,7 @@ def test_fast_answers_equal_the_full_tensor_when_decode_memory_binds():
     # and twins tie exactly
     seen = check_episode(tight_memory_simulator(), seed=7)
     assert seen["movable"] > 0 and seen["window"] > 0 and seen["ties"] > 0
-    assert seen["scalar_delta"] > 0
+    assert seen["decode_rows"] > 0 and seen["prefill_row"] > 0
 
 
 @pytest.mark.parametrize("wait", [0.0, 0.02, 0.2, 100.0])
