@@ -122,16 +122,10 @@ class Projections:
         ready = [min(members(fp)) for members in t.pf_member_values]  # each class's best member
         xcols = t.transfer_cols(call.l_in)
         tokens, count, ctx = self._decode_lists()
-        l_out = float(call.l_out_pred)
-        weight = l_out * call.dec_err
-        own_ctx = mean_own_context(call.l_in, l_out)
-        kv = float(call.kv_pred)  # as CallBatch.kv_pred (a sample group: its whole demand)
+        # free_start: no decode limit binds, so every start is now
+        weight, own_ctx, kv, free_start = self._decode_inputs(call)
         kv_true = call.kv_true
         capacity = t.dec_capacity
-        limits = self._limits
-        if limits is None:
-            limits = self._limits = self._decode_limits()
-        free_start = not limits[1] and kv <= limits[0]  # no decode limit binds: start = now
         best, cols, starts, ends = INF, [], {}, {}
         for d in self.decode_scan():
             if kv_true > capacity[d]:
@@ -178,21 +172,26 @@ class Projections:
                     return p, d, best
         raise AssertionError("the minimum is reached by some pair")
 
+    def _decode_inputs(self, call: Call) -> tuple[float, float, float, bool]:
+        """(weight, mean own context, predicted KV demand, whether no decode limit can bind) of
+        ``call`` under Ŝ: the inputs of :func:`decode_terms` / :func:`decode_end` for it."""
+        l_out = float(call.l_out_pred)
+        kv = float(call.kv_pred)  # as CallBatch.kv_pred (a sample group: its whole demand)
+        limits = self._limits
+        if limits is None:
+            limits = self._limits = self._decode_limits()
+        return (l_out * call.dec_err, mean_own_context(call.l_in, l_out), kv,
+                not limits[1] and kv <= limits[0])
+
     def _decode_terms_all(self, call: Call) -> tuple[list[float], list[float]]:
         """(earliest start, decode end − now) of ``call`` on every decode instance under Ŝ, in
         scalar Python: the per-instance terms the numpy projections broadcast (same floats)."""
         t = self.tables
         now = self.now
         tokens, count, ctx = self._decode_lists()
-        l_out = float(call.l_out_pred)
-        weight = l_out * call.dec_err
-        own_ctx = mean_own_context(call.l_in, l_out)
-        kv = float(call.kv_pred)  # as CallBatch.kv_pred (a sample group: its whole demand)
-        limits = self._limits
-        if limits is None:
-            limits = self._limits = self._decode_limits()
+        weight, own_ctx, kv, free_start = self._decode_inputs(call)
         decoders = range(t.num_decode)
-        if not limits[1] and kv <= limits[0]:  # no decode limit binds: every start is now
+        if free_start:  # no decode limit binds: every start is now
             return ([now] * t.num_decode,
                     [decode_end(t, d, now, count, ctx, weight, own_ctx) for d in decoders])
         starts, ends = [], []
@@ -225,10 +224,17 @@ class Projections:
         t = self.tables
         now = self.now
         own = call.decode_inst
-        starts, ends = self._decode_terms_all(call)
+        tokens, count, ctx = self._decode_lists()
+        weight, own_ctx, kv, free_start = self._decode_inputs(call)
+        if free_start:  # its own instance admits it now: it stays
+            start = now
+            end = decode_end(t, own, now, count, ctx, weight, own_ctx)
+        else:
+            start, end = decode_terms(t, own, now, tokens, count, ctx, weight, own_ctx, kv,
+                                      self.slow_start)
         row = [INF] * t.num_decode
-        if (self.free_decode and call.preempted == 0 and not call.moved
-                and starts[own] > now):
+        if self.free_decode and call.preempted == 0 and not call.moved and start > now:
+            starts, ends = self._decode_terms_all(call)
             p, l_in, kv_true = call.prefill_inst, call.l_in, call.kv_true
             setup, spt, capacity = t.setup_list[p], t.spt_list[p], t.dec_capacity
             for d in range(t.num_decode):
@@ -238,7 +244,7 @@ class Projections:
                 st = starts[d]
                 row[d] = (a if a > st else st) + ends[d]
         else:
-            row[own] = starts[own] + ends[own]
+            row[own] = start + end
         return row
 
     def _decode_lists(self) -> tuple[list[float], list[int], list[float]]:
@@ -251,10 +257,7 @@ class Projections:
         now = self.now
         p, own = call.prefill_inst, call.decode_inst
         tokens, count, ctx = self._decode_lists()
-        l_out = float(call.l_out_pred)
-        weight = l_out * call.dec_err
-        own_ctx = mean_own_context(call.l_in, l_out)
-        kv = float(call.kv_pred)  # as CallBatch.kv_pred (a sample group: its whole demand)
+        weight, own_ctx, kv, _ = self._decode_inputs(call)
 
         def finish(d: int) -> tuple[float, float]:  # (earliest start, decode end − now) on d
             return decode_terms(t, d, now, tokens, count, ctx, weight, own_ctx, kv,
