@@ -18,6 +18,7 @@ conservative step function, so the earliest start is one search in the sorted re
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from operator import add
 from typing import TYPE_CHECKING
 
@@ -221,31 +222,49 @@ class Projections:
         """Row ``project_decode_rows(batch)[i]`` of one call at the decode stage (D floats) in
         scalar Python, same floats: finite at its own instance, and, for a free call its own
         instance cannot admit now, at every instance that can hold it (KV sent again from p)."""
-        t = self.tables
-        now = self.now
-        own = call.decode_inst
+        start, end = self._own_decode_terms(call)
+        row = [INF] * self.tables.num_decode
+        if self._may_move(call, start):
+            for d, value in self._moves(call, range(len(row))):
+                row[d] = value
+        else:
+            row[call.decode_inst] = start + end
+        return row
+
+    def _own_decode_terms(self, call: Call) -> tuple[float, float]:
+        """(earliest start, decode end − now) of a decode-stage call on its own instance."""
+        t, now, own = self.tables, self.now, call.decode_inst
         tokens, count, ctx = self._decode_lists()
         weight, own_ctx, kv, free_start = self._decode_inputs(call)
-        if free_start:  # its own instance admits it now: it stays
-            start = now
-            end = decode_end(t, own, now, count, ctx, weight, own_ctx)
-        else:
-            start, end = decode_terms(t, own, now, tokens, count, ctx, weight, own_ctx, kv,
+        if free_start:  # no decode limit binds: it is admitted now
+            return now, decode_end(t, own, now, count, ctx, weight, own_ctx)
+        return decode_terms(t, own, now, tokens, count, ctx, weight, own_ctx, kv,
+                            self.slow_start)
+
+    def _may_move(self, call: Call, own_start: float) -> bool:
+        """Whether a waiting decode-stage call may move: free moves are on, its own instance has
+        not served it (no preemption) nor has it moved, and that instance cannot admit it now."""
+        return (self.free_decode and call.preempted == 0 and not call.moved
+                and own_start > self.now)
+
+    def _moves(self, call: Call, decoders: Iterable[int]) -> list[tuple[int, float]]:
+        """(d, Δ) of a movable decode-stage call on each of ``decoders`` that can hold its KV:
+        its own instance needs no transfer, any other gets its KV again from its prefill
+        instance."""
+        t, now, own = self.tables, self.now, call.decode_inst
+        tokens, count, ctx = self._decode_lists()
+        weight, own_ctx, kv, _ = self._decode_inputs(call)
+        p, l_in, kv_true = call.prefill_inst, call.l_in, call.kv_true
+        setup, spt, capacity = t.setup_list[p], t.spt_list[p], t.dec_capacity
+        out = []
+        for d in decoders:
+            if kv_true > capacity[d]:
+                continue
+            start, end = decode_terms(t, d, now, tokens, count, ctx, weight, own_ctx, kv,
                                       self.slow_start)
-        row = [INF] * t.num_decode
-        if self.free_decode and call.preempted == 0 and not call.moved and start > now:
-            starts, ends = self._decode_terms_all(call)
-            p, l_in, kv_true = call.prefill_inst, call.l_in, call.kv_true
-            setup, spt, capacity = t.setup_list[p], t.spt_list[p], t.dec_capacity
-            for d in range(t.num_decode):
-                if kv_true > capacity[d]:
-                    continue
-                a = now if d == own else now + (setup[d] + l_in * spt[d])
-                st = starts[d]
-                row[d] = (a if a > st else st) + ends[d]
-        else:
-            row[own] = start + end
-        return row
+            a = now if d == own else now + (setup[d] + l_in * spt[d])
+            out.append((d, (a if a > start else start) + end))
+        return out
 
     def _decode_lists(self) -> tuple[list[float], list[int], list[float]]:
         return self.dec_tokens_l, self.dec_count_l, self.dec_ctx_l
@@ -253,36 +272,20 @@ class Projections:
     def best_decode_pair_one(self, call: Call) -> tuple[int, int, float]:
         """``np.argmin`` over :meth:`project_decode`'s row of a window of one call, and that Δ,
         in scalar Python (same floats as the numpy projection)."""
-        t = self.tables
-        now = self.now
-        p, own = call.prefill_inst, call.decode_inst
-        tokens, count, ctx = self._decode_lists()
-        weight, own_ctx, kv, _ = self._decode_inputs(call)
-
-        def finish(d: int) -> tuple[float, float]:  # (earliest start, decode end − now) on d
-            return decode_terms(t, d, now, tokens, count, ctx, weight, own_ctx, kv,
-                                self.slow_start)
-
-        start, end = finish(own)
+        own = call.decode_inst
+        start, end = self._own_decode_terms(call)
         best, best_d = start + end, own
-        if self.free_decode and call.preempted == 0 and not call.moved and start > now:
-            # its own instance cannot admit it now: it may move (its KV sent again from p)
-            setup, spt, l_in, kv_true = t.setup_list[p], t.spt_list[p], call.l_in, call.kv_true
+        if self._may_move(call, start):  # its KV may be sent again from its prefill instance
             best, best_d = INF, 0
             scan = self.decode_scan()
             if own not in scan:  # planned, so idle in Ŝ; unlike its twins it needs no transfer
                 scan = sorted([*scan, own])
-            for d in scan:
-                if kv_true > t.dec_capacity[d]:
-                    continue
-                start, end = finish(d)
-                a = now if d == own else now + (setup[d] + l_in * spt[d])
-                v = (a if a > start else start) + end
-                if v < best:
-                    best, best_d = v, d
+            for d, value in self._moves(call, scan):  # ascending: ties keep the lowest d
+                if value < best:
+                    best, best_d = value, d
         if best == INF:
             return 0, 0, best
-        return p, best_d, best
+        return call.prefill_inst, best_d, best
 
     def prefill_delta_at(self, batch: CallBatch, p: int, d: int) -> float:
         """One entry ``project_prefill(batch)[0, p, d]`` of a one-call batch (same float)."""

@@ -183,14 +183,14 @@ def test_hexagent_nocache_places_at_the_cold_argmin():
     assert (p, d) == divmod(int(np.argmin(row)), row.shape[1])
 
 
-@pytest.mark.parametrize("first", [
-    lambda dp: dp.delta, lambda dp: dp.min_delta, lambda dp: dp.best_pair(0),
-    lambda dp: dp.delta_row(0) is not None and dp.best_pair(len(dp.calls) - 1),
-], ids=["delta", "min_delta", "best_pair", "best_pair-last"])
-def test_ignore_cache_after_the_first_projection_is_refused(first):
+@pytest.mark.parametrize("children, first", [
+    (1, lambda dp: dp.delta), (1, lambda dp: dp.min_delta), (1, lambda dp: dp.best_pair(0)),
+    (2, lambda dp: dp.best_pair(1)), (2, lambda dp: dp.min_delta),
+], ids=["delta", "min_delta", "best_pair", "window-best_pair", "window-min_delta"])
+def test_ignore_cache_after_the_first_projection_is_refused(children, first):
     # however the first projection was built (tensor, class reduction, scalar pair), it was
     # built cache-aware: switching the view afterwards would mix the two
-    _, dp = children_decision(parent_p=1)
+    _, dp = children_decision(children, parent_p=1)
     first(dp)
     with pytest.raises(RuntimeError, match="ignore_cache"):
         HexAgentNoCache().pick(dp)
