@@ -14,6 +14,7 @@ BUILTIN_POLICIES = {
     "hexagent-lookahead": "agents.lookahead:HexAgentLookahead",  # one-step lookahead teacher
     "hexagent-search": "agents.search:HexAgentSearch",  # rollout search, scheduler's knowledge
     "hexagent-search-oracle": "agents.search:HexAgentSearchOracle",  # ... true future: a bound
+    "hexagent-search-revealed": "agents.search:HexAgentSearchRevealed",  # ... revealed calls only
     "hexagent-nocache": "agents.hexagent:HexAgentNoCache",  # plans with no-cache prefill times
     "hexagent-lb": "agents.ablation:HexAgentLoadBalanced",  # risk order, load-balanced placement
     "fcfs": "agents.baselines:CallFCFS",

@@ -19,6 +19,11 @@ Two variants (``docs/learned.md`` reports both next to HexAgent):
   running horizon H_w(t) at the workflow's finish. It still unfolds each arrived workflow's
   remaining calls as they truly are (it assumes the workflow's DAG template is known, as for a
   templated agent) and keeps a decoding call's true length; both are stated departures.
+- ``hexagent-search-revealed`` (``knowledge="revealed"``): the implementable search without the
+  first departure: the fork holds only the calls revealed so far (:func:`hexagent_gym.fork.
+  revealed_only`), so each workflow ends, in the rollout, with its last revealed call; it sees
+  what HexAgent and the env's observation see. It tells how much of the search's gain needs the
+  workflows' future calls (``docs/learned.md``).
 
 ``horizon="arrived"`` (the default) ends a rollout when every workflow that had arrived at the
 fork has finished and scores those; ``horizon="episode"`` runs the oracle to the end of the
@@ -36,10 +41,11 @@ import numpy as np
 
 from agents.hexagent import HexAgentPolicy, projected_risk
 from hexagent_gym.decisions import DecisionPoint, Stage
-from hexagent_gym.fork import fork, known_only, pending_decision, shared_objects
+from hexagent_gym.fork import fork, known_only, pending_decision, revealed_only, shared_objects
 from hexagent_gym.metrics import req, slo_ratio
 
 HORIZONS = ("arrived", "episode")
+KNOWLEDGE = ("template", "revealed")
 
 
 class HexAgentSearch(HexAgentPolicy):
@@ -51,12 +57,15 @@ class HexAgentSearch(HexAgentPolicy):
         horizon: ``"arrived"`` or ``"episode"`` (the latter only with ``oracle=True``: without
             future arrivals the episode ends with the arrived workflows).
         one_pass_threshold: as for :class:`~agents.hexagent.HexAgentPolicy`.
+        knowledge: what an implementable fork holds of the arrived workflows: ``"template"``
+            (their remaining calls, unfolded as they truly are) or ``"revealed"`` (the calls
+            revealed so far only). Ignored by the oracle, which holds the true future.
     """
 
     name = "hexagent-search"
 
     def __init__(self, k: int = 4, oracle: bool = False, horizon: str = "arrived",
-                 one_pass_threshold: int = 32) -> None:
+                 one_pass_threshold: int = 32, knowledge: str = "template") -> None:
         super().__init__(one_pass_threshold)
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be an integer >= 1, got {k!r}")
@@ -66,11 +75,17 @@ class HexAgentSearch(HexAgentPolicy):
             raise ValueError("horizon='episode' needs oracle=True: the implementable search "
                              "knows no future arrivals, so its rollouts end with the arrived "
                              "workflows (use horizon='arrived')")
+        if knowledge not in KNOWLEDGE:
+            raise ValueError(f"knowledge must be one of {', '.join(KNOWLEDGE)}, got "
+                             f"{knowledge!r}")
         self.k = k
         self.oracle = bool(oracle)
+        self.knowledge = knowledge
         self.horizon = horizon
         if self.oracle:
             self.name = "hexagent-search-oracle"
+        elif knowledge == "revealed":
+            self.name = "hexagent-search-revealed"
         self._sim = None
         self._shared: dict | None = None
         self.rollouts = 0  # rollouts run this episode (cost accounting)
@@ -134,7 +149,7 @@ class HexAgentSearch(HexAgentPolicy):
         self.rollouts += 1
         (sim,) = fork(self._sim, shared=self._shared)
         if not self.oracle:
-            known_only(sim)
+            (revealed_only if self.knowledge == "revealed" else known_only)(sim)
         scored = len(sim.workflows) if self.horizon == "arrived" else None
         dp = pending_decision(sim)
         dp.pick(*cand)
@@ -158,7 +173,7 @@ class HexAgentSearch(HexAgentPolicy):
 
     def __repr__(self) -> str:
         return (f"HexAgentSearch(k={self.k}, oracle={self.oracle}, horizon={self.horizon!r}, "
-                f"one_pass_threshold={self.one_pass_threshold})")
+                f"one_pass_threshold={self.one_pass_threshold}, knowledge={self.knowledge!r})")
 
 
 class HexAgentSearchOracle(HexAgentSearch):
@@ -166,6 +181,14 @@ class HexAgentSearchOracle(HexAgentSearch):
 
     def __init__(self, k: int = 4, horizon: str = "arrived", one_pass_threshold: int = 32) -> None:
         super().__init__(k, oracle=True, horizon=horizon, one_pass_threshold=one_pass_threshold)
+
+
+class HexAgentSearchRevealed(HexAgentSearch):
+    """``hexagent-search-revealed``: :class:`HexAgentSearch` whose forks hold only the revealed
+    calls (no workflow template: what HexAgent and the env's observation know)."""
+
+    def __init__(self, k: int = 4, one_pass_threshold: int = 32) -> None:
+        super().__init__(k, one_pass_threshold=one_pass_threshold, knowledge="revealed")
 
 
 class _Finished:
@@ -188,4 +211,4 @@ class _Finished:
         return self.count == self.scored
 
 
-__all__ = ["HexAgentSearch", "HexAgentSearchOracle"]
+__all__ = ["HexAgentSearch", "HexAgentSearchOracle", "HexAgentSearchRevealed"]

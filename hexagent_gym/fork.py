@@ -8,7 +8,8 @@ errors and predictions). Continued with the same picks, a fork produces exactly 
 events and results (tested), and nothing done to a fork reaches the original.
 
 :func:`known_only` cuts a fork down to what a scheduler could know (no future arrivals,
-predicted output lengths), for search policies that must stay implementable.
+predicted output lengths), for search policies that must stay implementable;
+:func:`revealed_only` cuts it further, to the calls already revealed.
 
 Wall-clock fields (``scheduler_seconds``, ``wall_seconds``, invocation times) are copied as they
 are and then keep counting in each copy separately; with ``planning_latency="measured"`` the
@@ -119,4 +120,33 @@ def known_only(sim: Engine) -> None:
                 c.l_out = c.l_out_pred
 
 
-__all__ = ["fork", "known_only", "pending_decision", "shared_objects"]
+def revealed_only(sim: Engine) -> None:
+    """:func:`known_only`, and further: every arrived workflow ends with its calls revealed so
+    far (in place). Calls not yet revealed, including those whose reveal is already on the clock
+    (a tool running), never appear, so a workflow finishes when its last revealed call does; a
+    workflow with none left open finishes at once, at its latest call's finish. This is all a
+    scheduler that knows no workflow template sees (HexAgent's own view: its running horizon
+    H_w(t) covers the revealed subgraph only). Never apply it to the episode being scored.
+    """
+    known_only(sim)
+    heap = sim.events.heap
+    kept = [e for e in heap if e[1] != Phase.REVEAL]
+    if len(kept) != len(heap):
+        heap[:] = kept
+        heapq.heapify(heap)
+    for wf in sim.workflows:
+        if wf.finish_t >= 0.0:
+            continue
+        hidden = [c for c in wf.calls if c.state == CallState.HIDDEN]
+        if not hidden:
+            continue
+        for c in hidden:
+            c.pending_parents = -1  # a parent's completion never brings it to 0: never revealed
+        wf.num_done += len(hidden)
+        if wf.num_done == len(wf.calls):  # nothing revealed is open: its known part is done
+            wf.finish_t = max(c.finish_t for c in wf.calls)
+            sim._done_workflows += 1
+            sim.finished.append(wf)
+
+
+__all__ = ["fork", "known_only", "pending_decision", "revealed_only", "shared_objects"]

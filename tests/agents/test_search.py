@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from agents.hexagent import HexAgentPolicy
-from agents.search import HexAgentSearch, HexAgentSearchOracle
+from agents.search import HexAgentSearch, HexAgentSearchOracle, HexAgentSearchRevealed
 from hexagent_gym.entities import CallState
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.events import Phase
-from hexagent_gym.fork import fork, known_only, pending_decision
+from hexagent_gym.fork import fork, known_only, pending_decision, revealed_only
 from hexagent_gym.policy import make_policy, policy_names, run_policy
 
 SMALL = dict(cluster="tiny-2p2d", trace="mixed", num_workflows=14, load=1.0,
@@ -29,10 +29,16 @@ def placements(sim) -> list:
             for w in sim.workflows for c in w.calls]
 
 
-def test_registered_with_both_variants():
-    assert {"hexagent-search", "hexagent-search-oracle"} <= set(policy_names())
+def test_registered_with_every_variant():
+    names = {"hexagent-search", "hexagent-search-oracle", "hexagent-search-revealed"}
+    assert names <= set(policy_names())
     assert make_policy("hexagent-search-oracle").oracle
     assert not make_policy("hexagent-search").oracle
+    revealed = make_policy("hexagent-search-revealed")
+    assert not revealed.oracle and revealed.knowledge == "revealed"
+    assert make_policy("hexagent-search").knowledge == "template"
+    with pytest.raises(ValueError, match="knowledge must be one of template, revealed"):
+        HexAgentSearch(knowledge="future")
 
 
 def test_k1_is_hexagent_exactly():
@@ -94,6 +100,65 @@ def test_known_only_fork_drops_future_arrivals_and_uses_predicted_lengths():
             dp.pick(*policy.pick(dp))
         dp = copy.run_until_decision()
     assert len(copy.finished) == arrived and copy.done
+
+
+def _run_to_end(sim) -> None:
+    dp = pending_decision(sim)
+    policy = HexAgentPolicy()
+    policy.reset(sim)
+    while dp is not None:
+        while not dp.done:
+            dp.pick(*policy.pick(dp))
+        dp = sim.run_until_decision()
+
+
+def test_revealed_only_fork_ends_each_workflow_with_its_revealed_calls():
+    # at this fork (found by scanning), four workflows are open with hidden calls, four reveals
+    # are on the clock (tools running) and one workflow has no revealed call left open
+    sim = simulator(trace="mixed", num_workflows=20, length_predictor="lognormal")
+    dp = sim.run_until_decision()
+    for _ in range(25):
+        while not dp.done:
+            dp.pick(*HexAgentPolicy().pick(dp))
+        dp = sim.run_until_decision()
+    before = placements(sim)
+    assert sum(e[1] == Phase.REVEAL for e in sim.events.heap) == 4
+    (copy,) = fork(sim)
+    revealed_only(copy)
+    assert len(copy.finished) == len(sim.finished) + 1  # the one with nothing open: at once
+    assert placements(sim) == before  # the original is untouched
+    assert not any(e[1] in (Phase.ARRIVAL, Phase.REVEAL) for e in copy.events.heap)
+    arrived = len(sim.workflows)
+    hidden = {(w.uid, i) for w in sim.workflows if w.finish_t < 0
+              for i, c in enumerate(w.calls) if c.state == CallState.HIDDEN}
+    assert hidden and len(copy.workload.workflows) == arrived
+    # the predicted lengths of known_only apply too
+    assert any(c.l_out != c_copy.l_out for w, w_copy in zip(sim.workflows, copy.workflows)
+               for c, c_copy in zip(w.calls, w_copy.calls))
+    _run_to_end(copy)
+    assert copy.done and len(copy.finished) == arrived
+    for w in copy.workflows:
+        for i, c in enumerate(w.calls):
+            if (w.uid, i) in hidden:
+                assert c.state == CallState.HIDDEN and c.finish_t < 0  # never revealed
+            else:
+                assert c.state == CallState.DONE
+        # a workflow ends when its last revealed call does
+        assert w.finish_t == max(c.finish_t for c in w.calls)
+    # the original, continued, still reveals and runs those calls
+    _run_to_end(sim)
+    assert all(c.state == CallState.DONE for w in sim.workflows for c in w.calls)
+
+
+def test_revealed_search_k1_is_hexagent_and_it_changes_picks_with_k4():
+    a, b = simulator(trace="bfcl_v3"), simulator(trace="bfcl_v3")
+    ra = run_policy(a, HexAgentPolicy())
+    rb = run_policy(b, HexAgentSearchRevealed(k=1))
+    assert ra.ratios.tolist() == rb.ratios.tolist() and placements(a) == placements(b)
+    search = HexAgentSearchRevealed(k=4)
+    run_policy(simulator(trace="bfcl_v3"), search)
+    assert search.rollouts > 0 and search.changed > 0
+    assert len(search.deviations) == search.changed
 
 
 def test_oracle_search_is_never_worse_than_hexagent_on_its_objective():
