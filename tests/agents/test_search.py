@@ -133,8 +133,9 @@ def test_revealed_only_fork_ends_each_workflow_with_its_revealed_calls():
               for i, c in enumerate(w.calls) if c.state == CallState.HIDDEN}
     assert hidden and len(copy.workload.workflows) == arrived
     # the predicted lengths of known_only apply too
-    assert any(c.l_out != c_copy.l_out for w, w_copy in zip(sim.workflows, copy.workflows)
-               for c, c_copy in zip(w.calls, w_copy.calls))
+    pairs = zip(sim.workflows, copy.workflows, strict=True)
+    assert any(c.l_out != c_copy.l_out for w, w_copy in pairs
+               for c, c_copy in zip(w.calls, w_copy.calls, strict=True))
     _run_to_end(copy)
     assert copy.done and len(copy.finished) == arrived
     for w in copy.workflows:
