@@ -56,6 +56,8 @@ class PlanState(Projections):
         self._start_memo: tuple[CallBatch, np.ndarray | float] | None = None
         self._scan: list[int] | None = None
         self._limits: tuple[float, bool] | None = None  # (_decode_limits), built on first use
+        # per call uid: (weight, own context, KV demand), constant over the decision
+        self._call_inputs: dict[int, tuple[float, float, float]] = {}
         self.free_decode = True  # waiting decode calls not yet served may move (project_decode)
 
     def _array(self, name: str, dtype: type) -> np.ndarray:
@@ -185,6 +187,7 @@ class PlanState(Projections):
         new._start_memo = None
         new._scan = self._scan
         new._limits = self._limits
+        new._call_inputs = self._call_inputs  # constants of the calls: shared
         new.free_decode = self.free_decode
         return new
 
