@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from hexagent_gym import kernels
 from hexagent_gym.cluster_tables import INF, mean_own_context
 
 if TYPE_CHECKING:
@@ -49,6 +50,15 @@ def decode_end(tables: ClusterTables, d: int, now: float, count: list[int], ctx:
 
 def decode_scan(tables: ClusterTables, tokens: list[float], count: list[int],
                 ctx: list[float]) -> list[int]:
+    """:func:`decode_scan_python`, compiled when :mod:`hexagent_gym.kernels` is built."""
+    kernel = kernels.decode_scan
+    if kernel is None:
+        return decode_scan_python(tables, tokens, count, ctx)
+    return kernel(tables.dec_kind, tokens, count, ctx)
+
+
+def decode_scan_python(tables: ClusterTables, tokens: list[float], count: list[int],
+                       ctx: list[float]) -> list[int]:
     """The decode instances a scalar placement must look at, ascending: every instance holding a
     committed call, and of each set of idle *twins* only the lowest index.
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hexagent_gym import kernels
 from hexagent_gym.cluster_tables import INF, mean_own_context
 from hexagent_gym.placement import decode_end, decode_terms
 
@@ -114,9 +115,39 @@ class Projections:
         raise AssertionError("the minimum is reached by some pair")
 
     def best_prefill_pair_one(self, call: Call, pf: list[float]) -> tuple[int, int, float]:
-        """:meth:`best_prefill_pair` for a window of one call, in scalar Python (the common
+        """:meth:`best_prefill_pair` for a window of one call, in scalar code (the common
         decision; numpy's per-call overhead dominates at this size). ``pf``: the prefill
-        seconds the projection uses on each instance. Same floats, same tie-breaking."""
+        seconds the projection uses on each instance. Same floats, same tie-breaking. Runs the
+        compiled twin of :meth:`best_prefill_pair_one_python` when it is built
+        (:mod:`hexagent_gym.kernels`)."""
+        kernel = kernels.best_prefill_pair_one
+        if kernel is None:
+            return self.best_prefill_pair_one_python(call, pf)
+        t = self.tables
+        weight, own_ctx, kv, free_start = self._decode_inputs(call)
+        return kernel(self.now, self.free_l, t.pf_members, t.pf_class_list, self.decode_scan(),
+                      self.dec_count_l, self.dec_ctx_l, self.dec_tokens_l, t.dec_static,
+                      t.batch_top, t.dec_capacity, self.slow_start, pf,
+                      t.transfer_cols(call.l_in), weight, own_ctx, kv, call.kv_true, free_start)
+
+    def best_prefill_pairs(self, inputs: tuple[list, ...],
+                           slots: list[int]) -> list[tuple[int, int, float]]:
+        """:meth:`best_prefill_pair_one` of the window's calls ``slots`` in one compiled call
+        (only with :mod:`hexagent_gym.kernels` built). ``inputs``: the window's per-call lists
+        (prefill seconds per instance, transfer columns, then :meth:`call_constants` as three
+        lists, then true KV demands), constant over the decision."""
+        t = self.tables
+        limits = self._limits
+        if limits is None:
+            limits = self._limits = self._decode_limits()
+        return kernels.best_prefill_pairs(
+            self.now, self.free_l, t.pf_members, t.pf_class_list, self.decode_scan(),
+            self.dec_count_l, self.dec_ctx_l, self.dec_tokens_l, t.dec_static, t.batch_top,
+            t.dec_capacity, self.slow_start, *inputs, limits[0], limits[1], slots)
+
+    def best_prefill_pair_one_python(self, call: Call,
+                                     pf: list[float]) -> tuple[int, int, float]:
+        """:meth:`best_prefill_pair_one` in pure Python: the reference of its compiled twin."""
         t = self.tables
         now = self.now
         fp = list(map(add, self.free_l, pf))  # free[p] + pf[p] per instance, the same floats
@@ -176,13 +207,25 @@ class Projections:
     def _decode_inputs(self, call: Call) -> tuple[float, float, float, bool]:
         """(weight, mean own context, predicted KV demand, whether no decode limit can bind) of
         ``call`` under Ŝ: the inputs of :func:`decode_terms` / :func:`decode_end` for it."""
-        l_out = float(call.l_out_pred)
-        kv = float(call.kv_pred)  # as CallBatch.kv_pred (a sample group: its whole demand)
+        fixed = self._call_inputs.get(call.uid)
+        if fixed is None:
+            fixed = self.call_constants(call)
         limits = self._limits
         if limits is None:
             limits = self._limits = self._decode_limits()
-        return (l_out * call.dec_err, mean_own_context(call.l_in, l_out), kv,
-                not limits[1] and kv <= limits[0])
+        weight, own_ctx, kv = fixed
+        return weight, own_ctx, kv, not limits[1] and kv <= limits[0]
+
+    def call_constants(self, call: Call) -> tuple[float, float, float]:
+        """(weight, mean own context, predicted KV demand) of ``call``: constant over the
+        decision, computed once per call and kept."""
+        fixed = self._call_inputs.get(call.uid)
+        if fixed is None:
+            l_out = float(call.l_out_pred)
+            kv = float(call.kv_pred)  # as CallBatch.kv_pred (a sample group: its whole demand)
+            fixed = self._call_inputs[call.uid] = (l_out * call.dec_err,
+                                                   mean_own_context(call.l_in, l_out), kv)
+        return fixed
 
     def _decode_terms_all(self, call: Call) -> tuple[list[float], list[float]]:
         """(earliest start, decode end − now) of ``call`` on every decode instance under Ŝ, in

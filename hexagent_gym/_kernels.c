@@ -1,0 +1,376 @@
+/* Compiled twins of the decision seam's scalar placement rules (hexagent_gym/kernels.py).
+ *
+ * Each function here performs, operation for operation and in the same order, the IEEE double
+ * arithmetic of a pure-Python function of the core, and returns the same objects: the floats
+ * are bit-identical as long as the compiler neither fuses a multiply and an add (built with
+ * -ffp-contract=off) nor reassociates (no -ffast-math). The Python functions stay the reference;
+ * tests compare the two on every pick of real episodes. The module is an optional build: without
+ * a C compiler the package installs and runs the Python versions (hexagent_gym.kernels).
+ *
+ * Sequences may be lists or tuples (the core hands over both); numbers may be floats or ints.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdlib.h>
+
+static inline PyObject *at(PyObject *seq, Py_ssize_t i) {
+    /* a borrowed item of a list or tuple, bounds unchecked (the caller checked the sizes) */
+    return PyList_CheckExact(seq) ? PyList_GET_ITEM(seq, i) : PyTuple_GET_ITEM(seq, i);
+}
+
+static inline double num(PyObject *o) {
+    return PyFloat_CheckExact(o) ? PyFloat_AS_DOUBLE(o) : PyFloat_AsDouble(o);
+}
+
+static inline double dat(PyObject *seq, Py_ssize_t i) { return num(at(seq, i)); }
+
+static inline Py_ssize_t iat(PyObject *seq, Py_ssize_t i) { return PyLong_AsSsize_t(at(seq, i)); }
+
+static int is_seq(PyObject *o, const char *name) {
+    if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) return 1;
+    PyErr_Format(PyExc_TypeError, "best_prefill_pair_one: %s must be a list or tuple, got %s",
+                 name, Py_TYPE(o)->tp_name);
+    return 0;
+}
+
+static int cmp_ssize(const void *a, const void *b) {
+    Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* decode_terms / decode_end of hexagent_gym.placement for decode instance d: sets *start and
+ * *end; returns -1 with an exception set when slow_start fails. */
+static int decode_terms(PyObject *dec_static, Py_ssize_t d, double now, PyObject *tokens,
+                        PyObject *count, PyObject *ctx, double weight, double own_ctx, double kv,
+                        Py_ssize_t top, int free_start, PyObject *slow_start, double *start,
+                        double *end) {
+    PyObject *row = at(dec_static, d); /* (capacity, max_batch, base_row, slope_row) */
+    PyObject *base_row = at(row, 2), *slope_row = at(row, 3);
+    Py_ssize_t n = iat(count, d);
+    Py_ssize_t b = n < top ? n + 1 : top;
+    double slope = dat(slope_row, b);
+    *end = weight * ((dat(base_row, b) + slope * dat(ctx, d)) + slope * own_ctx) - now;
+    if (free_start) {
+        *start = now;
+        return 0;
+    }
+    double cap = dat(row, 0);
+    Py_ssize_t max_batch = iat(row, 1);
+    double need = (kv < cap ? kv : cap) - (cap - dat(tokens, d));
+    if (need <= 0.0 && n < max_batch) {
+        *start = now;
+        return 0;
+    }
+    PyObject *r = PyObject_CallFunction(slow_start, "ndn", d, need, n - max_batch + 1);
+    if (r == NULL) return -1;
+    *start = num(r);
+    Py_DECREF(r);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* What every call of one Ŝ shares: the decode lists, the cluster's tables, the scan. */
+typedef struct {
+    double now;
+    PyObject *free, *members, *cls, *scan, *count, *ctx, *tokens, *dec_static, *capacity;
+    PyObject *slow_start;
+    Py_ssize_t top, K, D, P;
+} Shared;
+
+static int shared_from(Shared *S, PyObject *const *args, const char *fn) {
+    /* args: now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static, batch_top,
+     * capacity, slow_start */
+    S->now = num(args[0]);
+    S->free = args[1], S->members = args[2], S->cls = args[3], S->scan = args[4];
+    S->count = args[5], S->ctx = args[6], S->tokens = args[7], S->dec_static = args[8];
+    S->top = PyLong_AsSsize_t(args[9]);
+    S->capacity = args[10], S->slow_start = args[11];
+    if (PyErr_Occurred()) return -1;
+    if (!is_seq(S->free, "free") || !is_seq(S->members, "pf_members") ||
+        !is_seq(S->cls, "pf_class") || !is_seq(S->scan, "scan") || !is_seq(S->count, "count") ||
+        !is_seq(S->ctx, "ctx") || !is_seq(S->tokens, "tokens") ||
+        !is_seq(S->dec_static, "dec_static") || !is_seq(S->capacity, "capacity"))
+        return -1;
+    S->K = Py_SIZE(S->members), S->D = Py_SIZE(S->capacity), S->P = Py_SIZE(S->free);
+    if (Py_SIZE(S->count) != S->D || Py_SIZE(S->ctx) != S->D || Py_SIZE(S->tokens) != S->D ||
+        Py_SIZE(S->dec_static) != S->D || Py_SIZE(S->cls) != S->P) {
+        PyErr_Format(PyExc_ValueError, "%s: inconsistent sizes", fn);
+        return -1;
+    }
+    return 0;
+}
+
+/* Projections.best_prefill_pair_one_python for one call (its prefill seconds pf, its transfer
+ * columns xcols, its decode inputs): sets *op, *od, *obest; -1 with an exception on failure.
+ * buf holds K + 2D + P doubles, ibuf D + P + K indices. */
+static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, double weight,
+                         double own_ctx, double kv, double kv_true, int free_start, double *buf,
+                         Py_ssize_t *ibuf, Py_ssize_t *op, Py_ssize_t *od, double *obest) {
+    Py_ssize_t K = S->K, D = S->D, P = S->P;
+    if (!is_seq(pf, "pf") || !is_seq(xcols, "xcols")) return -1;
+    if (Py_SIZE(pf) != P || Py_SIZE(xcols) != D) {
+        PyErr_SetString(PyExc_ValueError, "best_prefill_pair_one: inconsistent sizes");
+        return -1;
+    }
+    double *ready = buf, *starts = buf + K, *ends = buf + K + D, *fp = buf + K + 2 * D;
+    Py_ssize_t *cols = ibuf, *plist = ibuf + D, *reach = ibuf + D + P;
+    for (Py_ssize_t p = 0; p < P; p++) fp[p] = dat(S->free, p) + dat(pf, p); /* free + pf */
+    /* each class's best member: min(fp[p] for p in members[k]) */
+    for (Py_ssize_t k = 0; k < K; k++) {
+        PyObject *m = at(S->members, k);
+        Py_ssize_t nm = Py_SIZE(m);
+        double r = fp[iat(m, 0)];
+        for (Py_ssize_t j = 1; j < nm; j++) {
+            double v = fp[iat(m, j)];
+            if (v < r) r = v;
+        }
+        ready[k] = r;
+    }
+    double best = INFINITY;
+    Py_ssize_t ncols = 0, nscan = Py_SIZE(S->scan);
+    for (Py_ssize_t s = 0; s < nscan; s++) {
+        Py_ssize_t d = iat(S->scan, s);
+        if (kv_true > dat(S->capacity, d)) continue;
+        double start, end;
+        if (decode_terms(S->dec_static, d, S->now, S->tokens, S->count, S->ctx, weight, own_ctx,
+                         kv, S->top, free_start, S->slow_start, &start, &end) < 0)
+            return -1;
+        PyObject *x = at(xcols, d);
+        double col = INFINITY;
+        for (Py_ssize_t k = 0; k < K; k++) {
+            double a = ready[k] + dat(x, k);
+            double v = (a > start ? a : start) + end;
+            if (v < col) col = v;
+        }
+        if (col < best) {
+            best = col;
+            cols[0] = d;
+            ncols = 1;
+        } else if (col == best) {
+            cols[ncols++] = d;
+        }
+        starts[d] = start;
+        ends[d] = end;
+    }
+    if (PyErr_Occurred()) return -1;
+    *obest = best;
+    if (best == INFINITY) { /* no valid pair: argmin of an all-inf row */
+        *op = *od = 0;
+        return 0;
+    }
+    /* the classes whose entry reaches the minimum, then their members in ascending order */
+    Py_ssize_t nreach = 0;
+    for (Py_ssize_t k = 0; k < K; k++) {
+        for (Py_ssize_t j = 0; j < ncols; j++) {
+            Py_ssize_t d = cols[j];
+            double a = ready[k] + dat(at(xcols, d), k);
+            if ((a > starts[d] ? a : starts[d]) + ends[d] == best) {
+                reach[nreach++] = k;
+                break;
+            }
+        }
+    }
+    Py_ssize_t nmem = 0;
+    for (Py_ssize_t r = 0; r < nreach; r++) {
+        PyObject *m = at(S->members, reach[r]);
+        for (Py_ssize_t j = 0; j < Py_SIZE(m); j++) plist[nmem++] = iat(m, j);
+    }
+    if (nreach > 1) qsort(plist, (size_t)nmem, sizeof(Py_ssize_t), cmp_ssize);
+    for (Py_ssize_t i = 0; i < nmem; i++) {
+        Py_ssize_t p = plist[i];
+        double f = fp[p];
+        Py_ssize_t k = iat(S->cls, p);
+        for (Py_ssize_t j = 0; j < ncols; j++) {
+            Py_ssize_t d = cols[j];
+            double a = f + dat(at(xcols, d), k);
+            if ((a > starts[d] ? a : starts[d]) + ends[d] == best) {
+                *op = p, *od = d;
+                return 0;
+            }
+        }
+    }
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_AssertionError, "the minimum is reached by some pair");
+    return -1;
+}
+
+static int alloc_buffers(const Shared *S, double **buf, Py_ssize_t **ibuf) {
+    *buf = PyMem_Malloc(sizeof(double) * (size_t)(S->K + 2 * S->D + S->P) + 1);
+    *ibuf = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(S->D + S->P + S->K) + 1);
+    if (*buf == NULL || *ibuf == NULL) {
+        PyMem_Free(*buf);
+        PyMem_Free(*ibuf);
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+/* best_prefill_pair_one(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static,
+ *                       batch_top, capacity, slow_start, pf, xcols, weight, own_ctx, kv,
+ *                       kv_true, free_start) -> (p, d, delta)
+ * Projections.best_prefill_pair_one_python for one call. */
+static PyObject *best_prefill_pair_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 19) {
+        PyErr_Format(PyExc_TypeError, "best_prefill_pair_one takes 19 arguments, got %zd", nargs);
+        return NULL;
+    }
+    Shared S;
+    if (shared_from(&S, args, "best_prefill_pair_one") < 0) return NULL;
+    double weight = num(args[14]), own_ctx = num(args[15]), kv = num(args[16]);
+    double kv_true = num(args[17]);
+    int free_start = PyObject_IsTrue(args[18]);
+    if (PyErr_Occurred()) return NULL;
+    double *buf;
+    Py_ssize_t *ibuf, p, d;
+    double best;
+    if (alloc_buffers(&S, &buf, &ibuf) < 0) return NULL;
+    int rc = pair_for_call(&S, args[12], args[13], weight, own_ctx, kv, kv_true, free_start, buf,
+                           ibuf, &p, &d, &best);
+    PyMem_Free(buf);
+    PyMem_Free(ibuf);
+    return rc < 0 ? NULL : Py_BuildValue("nnd", p, d, best);
+}
+
+/* best_prefill_pairs(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static,
+ *                    batch_top, capacity, slow_start, pfs, xcols, weights, own_ctxs, kvs,
+ *                    kv_trues, slack, any_full, slots) -> [(p, d, delta), ...]
+ * best_prefill_pair_one for each call i in slots (per-call lists indexed by i), under one Ŝ:
+ * call i's start is free when no batch is full and its demand kvs[i] fits in the smallest
+ * slack (Projections._decode_inputs). */
+static PyObject *best_prefill_pairs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 21) {
+        PyErr_Format(PyExc_TypeError, "best_prefill_pairs takes 21 arguments, got %zd", nargs);
+        return NULL;
+    }
+    Shared S;
+    if (shared_from(&S, args, "best_prefill_pairs") < 0) return NULL;
+    PyObject *pfs = args[12], *xcols = args[13], *weights = args[14], *own = args[15];
+    PyObject *kvs = args[16], *kv_trues = args[17], *slots = args[20];
+    double slack = num(args[18]);
+    int any_full = PyObject_IsTrue(args[19]);
+    if (PyErr_Occurred()) return NULL;
+    if (!is_seq(pfs, "pfs") || !is_seq(xcols, "xcols") || !is_seq(weights, "weights") ||
+        !is_seq(own, "own_ctxs") || !is_seq(kvs, "kvs") || !is_seq(kv_trues, "kv_trues") ||
+        !is_seq(slots, "slots"))
+        return NULL;
+    Py_ssize_t n = Py_SIZE(pfs), m = Py_SIZE(slots);
+    if (Py_SIZE(xcols) != n || Py_SIZE(weights) != n || Py_SIZE(own) != n ||
+        Py_SIZE(kvs) != n || Py_SIZE(kv_trues) != n) {
+        PyErr_SetString(PyExc_ValueError, "best_prefill_pairs: per-call lists differ in length");
+        return NULL;
+    }
+    double *buf;
+    Py_ssize_t *ibuf;
+    if (alloc_buffers(&S, &buf, &ibuf) < 0) return NULL;
+    PyObject *out = PyList_New(m);
+    if (out == NULL) goto fail;
+    for (Py_ssize_t j = 0; j < m; j++) {
+        Py_ssize_t i = iat(slots, j), p, d;
+        if (PyErr_Occurred()) goto fail;
+        if (i < 0 || i >= n) {
+            PyErr_Format(PyExc_IndexError, "best_prefill_pairs: slot %zd out of range", i);
+            goto fail;
+        }
+        double kv = dat(kvs, i), best;
+        int free_start = !any_full && kv <= slack;
+        if (pair_for_call(&S, at(pfs, i), at(xcols, i), dat(weights, i), dat(own, i), kv,
+                          dat(kv_trues, i), free_start, buf, ibuf, &p, &d, &best) < 0)
+            goto fail;
+        PyObject *t = Py_BuildValue("nnd", p, d, best);
+        if (t == NULL) goto fail;
+        PyList_SET_ITEM(out, j, t);
+    }
+    PyMem_Free(buf);
+    PyMem_Free(ibuf);
+    return out;
+fail:
+    Py_XDECREF(out);
+    PyMem_Free(buf);
+    PyMem_Free(ibuf);
+    return NULL;
+}
+
+/* decode_scan(kind, tokens, count, ctx) -> [d, ...]
+ * hexagent_gym.placement.decode_scan_python: every decode instance holding a committed call or
+ * committed tokens, and of each set of idle twins (equal kind, tokens and context) the first. */
+static PyObject *decode_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "decode_scan takes 4 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *kind = args[0], *tokens = args[1], *count = args[2], *ctx = args[3];
+    if (!is_seq(kind, "kind") || !is_seq(tokens, "tokens") || !is_seq(count, "count") ||
+        !is_seq(ctx, "ctx"))
+        return NULL;
+    Py_ssize_t D = Py_SIZE(count);
+    if (Py_SIZE(kind) != D || Py_SIZE(tokens) != D || Py_SIZE(ctx) != D) {
+        PyErr_SetString(PyExc_ValueError, "decode_scan: inconsistent sizes");
+        return NULL;
+    }
+    /* the idle sets seen so far: (kind, tokens, ctx); few, so a linear search */
+    Py_ssize_t *seen_kind = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)D + 1);
+    double *seen_val = PyMem_Malloc(sizeof(double) * (size_t)(2 * D) + 1);
+    PyObject *out = PyList_New(0);
+    Py_ssize_t nseen = 0;
+    if (seen_kind == NULL || seen_val == NULL || out == NULL) {
+        if (out != NULL) PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t d = 0; d < D; d++) {
+        Py_ssize_t n = iat(count, d);
+        double tk = dat(tokens, d);
+        if (PyErr_Occurred()) goto fail;
+        int scan = n != 0 || tk > 0.0;
+        if (!scan) {
+            Py_ssize_t k = iat(kind, d);
+            double cx = dat(ctx, d);
+            if (PyErr_Occurred()) goto fail;
+            Py_ssize_t j = 0;
+            while (j < nseen && !(seen_kind[j] == k && seen_val[2 * j] == tk &&
+                                  seen_val[2 * j + 1] == cx))
+                j++;
+            if (j == nseen) {
+                seen_kind[nseen] = k, seen_val[2 * nseen] = tk, seen_val[2 * nseen + 1] = cx;
+                nseen++;
+                scan = 1;
+            }
+        }
+        if (scan) {
+            PyObject *v = PyLong_FromSsize_t(d);
+            if (v == NULL || PyList_Append(out, v) < 0) {
+                Py_XDECREF(v);
+                goto fail;
+            }
+            Py_DECREF(v);
+        }
+    }
+    PyMem_Free(seen_kind);
+    PyMem_Free(seen_val);
+    return out;
+fail:
+    PyMem_Free(seen_kind);
+    PyMem_Free(seen_val);
+    Py_XDECREF(out);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"best_prefill_pair_one", (PyCFunction)(void (*)(void))best_prefill_pair_one, METH_FASTCALL,
+     "best_prefill_pair_one(now, free, pf_members, pf_class, scan, count, ctx, tokens, "
+     "dec_static, batch_top, capacity, slow_start, pf, xcols, weight, own_ctx, kv, kv_true, "
+     "free_start) -> (p, d, delta): Projections.best_prefill_pair_one for one call."},
+    {"best_prefill_pairs", (PyCFunction)(void (*)(void))best_prefill_pairs, METH_FASTCALL,
+     "best_prefill_pairs(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static, "
+     "batch_top, capacity, slow_start, pfs, xcols, weights, own_ctxs, kvs, kv_trues, slack, "
+     "any_full, slots) -> [(p, d, delta)]: best_prefill_pair_one of each call in slots."},
+    {"decode_scan", (PyCFunction)(void (*)(void))decode_scan, METH_FASTCALL,
+     "decode_scan(kind, tokens, count, ctx) -> [d, ...]: placement.decode_scan."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels",
+                                    "Compiled twins of the core's scalar placement rules.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }

@@ -1,0 +1,50 @@
+"""Which implementation of the core's scalar placement rules runs: compiled or pure Python.
+
+``hexagent_gym._kernels`` (C, built by ``pip install`` when a C compiler is present) holds
+compiled twins of the hottest scalar rules of the decision seam; each performs the same IEEE
+double operations in the same order as its Python original, so every decision and every float
+is the same either way (the tests compare the two on every pick of real episodes). Without a
+compiler the package installs without it and runs the Python versions.
+
+Set the environment variable ``HEXAGENT_GYM_PURE_PYTHON=1`` before importing the package to run
+the Python versions although the compiled ones are built (for A/B timings and the equality
+tests); :func:`use_compiled` switches at run time.
+"""
+
+from __future__ import annotations
+
+import os
+
+try:
+    from hexagent_gym import _kernels as _compiled
+except ImportError:  # built without a C compiler: the Python versions run
+    _compiled = None
+
+AVAILABLE = _compiled is not None
+"""Whether the compiled kernels were built and import."""
+
+best_prefill_pair_one = None
+"""The compiled ``Projections.best_prefill_pair_one`` loop, or None: the Python one runs."""
+
+best_prefill_pairs = None
+"""The same for several calls of one window in one call (``Projections.best_prefill_pairs``),
+or None."""
+
+decode_scan = None
+"""The compiled ``placement.decode_scan_python`` (arguments: the tables' ``dec_kind`` and the
+decode lists), or None."""
+
+
+def use_compiled(on: bool) -> None:
+    """Run the compiled kernels (``on``, if built) or the pure-Python rules from now on."""
+    global best_prefill_pair_one, best_prefill_pairs, decode_scan
+    on = bool(on and AVAILABLE)
+    best_prefill_pair_one = _compiled.best_prefill_pair_one if on else None
+    best_prefill_pairs = _compiled.best_prefill_pairs if on else None
+    decode_scan = _compiled.decode_scan if on else None
+
+
+use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
+
+__all__ = ["AVAILABLE", "best_prefill_pair_one", "best_prefill_pairs", "decode_scan",
+           "use_compiled"]

@@ -1,0 +1,193 @@
+"""The compiled placement kernels (hexagent_gym._kernels) equal their pure-Python originals.
+
+Every scalar prefill pair that decisions of real episodes use (one-call windows and, with the
+kernels, windows of up to 16 calls) is recomputed by the Python rule and compared exactly (pair
+and float), on clusters and traces that reach every branch: idle twins, prefix-
+cache hits, estimation errors, and decode memory that binds (the slow-start callback). Whole
+episodes run with the kernels on and off produce the same placements and times.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hexagent_gym import kernels
+from hexagent_gym.decisions import DecisionPoint, Stage
+from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+from hexagent_gym.policy import make_policy, run_policy
+from tests.toy import tight_memory_simulator
+
+pytestmark = pytest.mark.skipif(not kernels.AVAILABLE,
+                                reason="the compiled kernels are not built (no C compiler)")
+
+
+@pytest.fixture
+def compare_both(monkeypatch):
+    """Check every scalar prefill pair a decision uses (the one-call kernel or the window
+    kernel) against the pure-Python rule, exactly; count the pairs and those where a decode
+    limit binds."""
+    kernels.use_compiled(True)
+    scalar_pair = DecisionPoint._scalar_pair
+    seen = {"picks": 0, "binding": 0}
+
+    def checked(self, slot):
+        pair = scalar_pair(self, slot)
+        if self.stage == Stage.PREFILL:
+            call = self.calls[slot]
+            slow = self.state.best_prefill_pair_one_python(call, self._pf(call))
+            assert pair == slow, (pair, slow)
+            assert [type(x) for x in pair] == [type(x) for x in slow] == [int, int, float]
+            seen["picks"] += 1
+            seen["binding"] += not self.state._decode_inputs(call)[3]
+        return pair
+
+    monkeypatch.setattr(DecisionPoint, "_scalar_pair", checked)
+    return seen
+
+
+EPISODES = [
+    dict(cluster="hetero-1-x2", trace="bfcl_v3", num_workflows=160, load=1.2),  # twins, hits
+    dict(cluster="hetero-1", trace="mixed", num_workflows=60, load=3.0),  # DAGs, sample groups
+    dict(cluster="asym-2p8d", trace="bfcl_v3", num_workflows=40, load=None,
+         arrival_rate=40.0),  # overloaded: long windows, the last pick of each
+    dict(cluster="hetero-1", trace="bfcl_v3", num_workflows=80, load=1.0, prefix_cache=False,
+         estimation_error=0.3),
+]
+
+
+@pytest.mark.parametrize("config", EPISODES, ids=lambda c: f"{c['cluster']}-{c['trace']}")
+def test_compiled_pairs_equal_python_on_every_pick(compare_both, config):
+    sim = EpisodeFactory(EpisodeConfig(**config, seed=1)).simulator()
+    run_policy(sim, make_policy("hexagent"))
+    assert compare_both["picks"] > 50
+
+
+def test_compiled_pairs_equal_python_where_decode_memory_binds(compare_both):
+    for policy in ("hexagent", "hexagent-lb"):
+        run_policy(tight_memory_simulator(), make_policy(policy))
+    assert compare_both["binding"] > 0  # the slow-start callback ran
+
+
+def _trajectory(sim) -> list:
+    return [(c.prefill_inst, c.decode_inst, c.prefill_start, c.finish_t)
+            for w in sim.workflows for c in w.calls]
+
+
+@pytest.mark.parametrize("build", [
+    lambda: EpisodeFactory(EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3",
+                                         num_workflows=200, load=1.0, seed=2)).simulator(),
+    tight_memory_simulator,
+], ids=["hetero-1-x4", "tight-memory"])
+def test_episodes_are_identical_with_and_without_the_kernels(build):
+    runs = []
+    try:
+        for on in (True, False):
+            kernels.use_compiled(on)
+            sim = build()
+            result = run_policy(sim, make_policy("hexagent"))
+            runs.append((_trajectory(sim), result.ratios.tolist()))
+    finally:
+        kernels.use_compiled(True)
+    assert runs[0] == runs[1]
+    assert all(math.isfinite(r) for r in runs[0][1])
+
+
+def test_switch_selects_the_implementation():
+    try:
+        kernels.use_compiled(False)
+        assert kernels.best_prefill_pair_one is None
+        kernels.use_compiled(True)
+        assert kernels.best_prefill_pair_one is not None
+    finally:
+        kernels.use_compiled(True)
+
+
+def test_hand_computed_pair_and_clear_errors():
+    fn = kernels._compiled.best_prefill_pair_one
+    with pytest.raises(TypeError, match="takes 19 arguments, got 2"):
+        fn(0.0, [1.0])
+    # one prefill and one decode instance, idle; batch-size table clamped at 1: the decode step
+    # is base[1] + slope[1]·ctx = 1.0 s, the call's weight 1: Δ = max(0 + 0, now) + 1.0 = 1.0
+    args = [0.0, [0.0], [[0]], [0], [0], [0], [0.0], [0.0],
+            [(100.0, 4, (0.0, 1.0), (0.0, 0.0))], 1, [100.0], None,
+            [0.0], ((0.0,),), 1.0, 1.0, 1.0, 1.0, True]
+    assert fn(*args) == (0, 0, 1.0)
+    big = list(args)
+    big[17] = 101.0  # the call's true KV exceeds the only instance: no valid pair
+    assert fn(*big) == (0, 0, math.inf)
+    bad = list(args)
+    bad[12] = {0: 0.0}
+    with pytest.raises(TypeError, match="pf must be a list or tuple, got dict"):
+        fn(*bad)
+    bad = list(args)
+    bad[5] = [0, 0]  # count longer than the decode instances
+    with pytest.raises(ValueError, match="inconsistent sizes"):
+        fn(*bad)
+
+
+def test_window_kernel_equals_the_one_call_kernel_slot_by_slot():
+    """best_prefill_pairs over a window equals best_prefill_pair_one per slot, at every pick of
+    an episode with multi-call windows, and refuses a slot out of range."""
+    kernels.use_compiled(True)
+    config = EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3", num_workflows=200,
+                           load=1.2, seed=3)
+    sim = EpisodeFactory(config).simulator()
+    policy = make_policy("hexagent")
+    policy.reset(sim)
+    dp = sim.run_until_decision()
+    compared = 0
+    while dp is not None:
+        while not dp.done:
+            if dp.stage.name == "PREFILL":
+                slots = [i for i, picked in enumerate(dp.picked) if not picked]
+                many = dp.state.best_prefill_pairs(dp._kernel_inputs(), slots)
+                one = [dp.state.best_prefill_pair_one(dp.calls[i], dp._pf(dp.calls[i]))
+                       for i in slots]
+                assert many == one
+                compared += len(slots) > 1
+            dp.pick(*policy.pick(dp))
+        dp = sim.run_until_decision()
+    assert compared > 50
+    with pytest.raises(IndexError, match="slot 99 out of range"):
+        sim2 = EpisodeFactory(config).simulator()
+        dp = sim2.run_until_decision()
+        dp.state.best_prefill_pairs(dp._kernel_inputs(), [99])
+
+
+def test_compiled_decode_scan_equals_python_at_every_pick():
+    from hexagent_gym.placement import decode_scan_python
+
+    config = EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3", num_workflows=150,
+                           load=0.8, seed=6)
+    sim = EpisodeFactory(config).simulator()
+    policy = make_policy("hexagent")
+    policy.reset(sim)
+    dp = sim.run_until_decision()
+    checked = skipped = 0
+    while dp is not None:
+        while not dp.done:
+            st = dp.state
+            lists = (st.dec_tokens_l, st.dec_count_l, st.dec_ctx_l)
+            fast = kernels._compiled.decode_scan(st.tables.dec_kind, *lists)
+            assert fast == decode_scan_python(st.tables, *lists)
+            checked += 1
+            skipped += st.tables.num_decode - len(fast)
+            dp.pick(*policy.pick(dp))
+        dp = sim.run_until_decision()
+    assert checked > 300 and skipped > 1000  # idle twins were skipped
+
+
+def test_compiled_decode_scan_by_hand():
+    scan = kernels._compiled.decode_scan
+    kind = [0, 1, 0, 0, 2, 0]
+    count = [0, 0, 1, 0, 0, 0]
+    tokens = [0.0, 0.0, 700.0, 0.0, 0.0, 0.0]
+    # 0 first idle of kind 0; 1 idle of kind 1; 2 busy; 3 and 5 twins of 0; 4 its own kind
+    assert scan(kind, tokens, count, [0.0, 0.0, 500.0, 0.0, 0.0, 0.0]) == [0, 1, 2, 4]
+    # a context residue or committed tokens set an idle instance apart; -0.0 equals 0.0
+    assert scan(kind, tokens, count, [0.0, 0.0, 500.0, 1e-12, 0.0, -0.0]) == [0, 1, 2, 3, 4]
+    assert scan(kind, [0.0, 0.0, 700.0, 0.0, 0.0, 40.0], count, [0.0] * 6) == [0, 1, 2, 4, 5]
+    with pytest.raises(ValueError, match="decode_scan: inconsistent sizes"):
+        scan(kind, tokens, count, [0.0])
