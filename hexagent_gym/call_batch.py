@@ -14,32 +14,90 @@ if TYPE_CHECKING:
 
 
 class CallBatch:
-    """Constant per-call arrays of a decision's window, built once and reused at every pick."""
+    """Constant per-call arrays of a decision's window, built once and reused at every pick.
 
-    __slots__ = ("pf", "weight", "ctx", "kv_pred", "l_in", "too_big", "any_too_big",
+    Every array is built on first use: a policy that reads only the workflows' arrivals and
+    horizons (HexAgent's risk with the scalar picks) pays for nothing else."""
+
+    __slots__ = ("_pf", "_weight", "_ctx", "_kv_pred", "_l_in", "_too_big", "_any_too_big",
                  "_prefill_inst", "_decode_inst", "_arrival", "_h_est", "_locked", "_xfer",
-                 "_xfer_cls", "_tables", "_calls", "_cached")
+                 "_xfer_cls", "_tables", "_calls", "_cached", "_cache_aware")
 
     def __init__(self, tables: ClusterTables, calls: list[Call], cache_aware: bool = True) -> None:
         self._tables = tables
-        self.l_in = l_in = np.array([c.l_in for c in calls], dtype=np.float64)
+        self._calls = calls
+        self._cache_aware = cache_aware
+        self._l_in = None  # with pf, weight, ctx, kv_pred, too_big, any_too_big: _build_core
+        self._pf = self._weight = self._ctx = self._kv_pred = self._too_big = None
+        self._any_too_big = False
+        self._cached = self._xfer = self._xfer_cls = None
+        self._prefill_inst = self._decode_inst = self._arrival = self._h_est = None
+        self._locked = None
+
+    def _build_core(self) -> None:
+        calls, tables = self._calls, self._tables
+        l_in = np.array([c.l_in for c in calls], dtype=np.float64)
         l_out = np.array([c.l_out_pred for c in calls], dtype=np.float64)
         err = np.array([c.dec_err for c in calls])
         # (n, P) estimated prefill seconds: with the cache hits each instance offers, or cold
-        self.pf = np.array([c.pf_est if cache_aware else c.pf_cold for c in calls])
-        self._calls = calls
-        self._cached = None
-        self.weight = l_out * err  # decode seconds = weight · per-token step time
-        self.ctx = mean_own_context(l_in, l_out)
+        self._pf = np.array([c.pf_est if self._cache_aware else c.pf_cold for c in calls])
+        self._weight = l_out * err  # decode seconds = weight · per-token step time
+        self._ctx = mean_own_context(l_in, l_out)
         # predicted KV demand: L_in + L̂_out, for a sample group's leader the whole group's
-        self.kv_pred = np.array([c.kv_pred for c in calls], dtype=np.float64)
-        self._xfer = self._xfer_cls = None
+        self._kv_pred = np.array([c.kv_pred for c in calls], dtype=np.float64)
         kv_true = np.array([c.kv_true for c in calls], dtype=np.float64)
-        self.too_big = kv_true[:, None] > tables.capacity[None, :]  # (n, D) never fits
-        self.any_too_big = bool(self.too_big.any())
-        # read by some projections and policies only: built on first use
-        self._prefill_inst = self._decode_inst = self._arrival = self._h_est = None
-        self._locked = None
+        self._too_big = kv_true[:, None] > tables.capacity[None, :]  # (n, D) never fits
+        self._any_too_big = bool(self._too_big.any())
+        self._l_in = l_in
+
+    @property
+    def l_in(self) -> np.ndarray:
+        """(n,) prompt tokens."""
+        if self._l_in is None:
+            self._build_core()
+        return self._l_in
+
+    @property
+    def pf(self) -> np.ndarray:
+        """(n, P) estimated prefill seconds on each instance (cache-aware unless the decision
+        ignores the cache)."""
+        if self._l_in is None:
+            self._build_core()
+        return self._pf
+
+    @property
+    def weight(self) -> np.ndarray:
+        """(n,) predicted output tokens × decode error: decode seconds per unit step time."""
+        if self._l_in is None:
+            self._build_core()
+        return self._weight
+
+    @property
+    def ctx(self) -> np.ndarray:
+        """(n,) mean own context over the call's decode."""
+        if self._l_in is None:
+            self._build_core()
+        return self._ctx
+
+    @property
+    def kv_pred(self) -> np.ndarray:
+        """(n,) predicted KV demand (a sample group's leader: the whole group's)."""
+        if self._l_in is None:
+            self._build_core()
+        return self._kv_pred
+
+    @property
+    def too_big(self) -> np.ndarray:
+        """(n, D) bool: the call's true KV never fits on the decode instance."""
+        if self._l_in is None:
+            self._build_core()
+        return self._too_big
+
+    @property
+    def any_too_big(self) -> bool:
+        if self._l_in is None:
+            self._build_core()
+        return self._any_too_big
 
     @property
     def prefill_inst(self) -> np.ndarray:
@@ -108,13 +166,15 @@ class CallBatch:
         return self._xfer_cls
 
     def row(self, i: int) -> CallBatch:
-        """A one-call batch viewing row ``i`` (no copies)."""
+        """A one-call batch viewing row ``i`` (no copies of the arrays built so far)."""
+        if self._l_in is None:
+            self._build_core()
         out = CallBatch.__new__(CallBatch)
         for name in CallBatch.__slots__:
             value = getattr(self, name)
-            if name in ("any_too_big", "_tables") or value is None:
+            if name in ("_any_too_big", "_tables", "_cache_aware") or value is None:
                 setattr(out, name, value)
             else:
                 setattr(out, name, value[i:i + 1])
-        out.any_too_big = bool(out.too_big.any())
+        out._any_too_big = bool(out._too_big.any())
         return out
