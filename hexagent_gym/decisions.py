@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hexagent_gym import kernels
 from hexagent_gym.planner import CallBatch
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
 _WINDOW_AT_ONCE = 16  # best_pair projects the whole window up to this size, else one row
 _SCALAR_WORK = 48  # waiting calls × decode instances up to which picks run in scalar Python
+_SCALAR_CALLS_COMPILED = 16  # waiting calls up to which compiled scalar prefill picks run
 
 
 class Stage(IntEnum):
@@ -44,7 +46,8 @@ class DecisionPoint:
     """
 
     __slots__ = ("stage", "now", "calls", "state", "plan", "picked", "_delta", "_remaining",
-                 "wall_start", "_batch", "_cache_aware", "_reduced", "_min", "_last", "_pairs")
+                 "wall_start", "_batch", "_cache_aware", "_reduced", "_min", "_last", "_pairs",
+                 "_kin")
 
     def __init__(self, stage: Stage, now: float, calls: list[Call], state: PlanState,
                  wall_start: float = 0.0) -> None:
@@ -59,6 +62,7 @@ class DecisionPoint:
         self._min: np.ndarray | None = None
         self._last: tuple[int, int, int, float] | None = None  # last best_pair under this Ŝ
         self._pairs: dict[int, tuple[int, int, float]] = {}  # scalar best pairs under this Ŝ
+        self._kin: tuple[list, ...] | None = None  # the compiled kernel's per-call inputs
         self._remaining = len(calls)
         self.wall_start = wall_start
         self._batch: CallBatch | None = None
@@ -87,7 +91,7 @@ class DecisionPoint:
         """
         if (self.plan or self._pairs or self._last is not None
                 or any(x is not None for x in (self._batch, self._delta, self._reduced,
-                                               self._min))):
+                                               self._min, self._kin))):
             raise RuntimeError("ignore_cache() must come before the decision's first projection "
                                "or pick")
         self._cache_aware = False
@@ -162,6 +166,8 @@ class DecisionPoint:
             if self._delta is not None:
                 self._min = self._delta.reshape(len(self.calls), -1).min(axis=1)
             elif self._scalar_window():
+                if self.stage == Stage.PREFILL and kernels.best_prefill_pairs is not None:
+                    self._compiled_pairs()  # every unpicked slot's pair in one compiled call
                 self._min = np.array([self._scalar_pair(i)[2] if not picked else np.inf
                                       for i, picked in enumerate(self.picked)])
             else:
@@ -204,22 +210,49 @@ class DecisionPoint:
         return pair
 
     def _scalar_window(self) -> bool:
-        """Whether per-call scalar Python beats the vectorised projection for this window:
+        """Whether per-call scalar code beats the vectorised projection for this window:
         one call at any size, or a few calls on a small cluster (numpy's fixed cost per
-        operation dominates there; measured on hetero-1)."""
+        operation dominates there; measured on hetero-1); at the prefill stage with the
+        compiled one-call rule (:mod:`hexagent_gym.kernels`), up to ``_SCALAR_CALLS_COMPILED``
+        calls on any cluster."""
+        if self.stage == Stage.PREFILL and kernels.best_prefill_pair_one is not None:
+            return self._remaining <= _SCALAR_CALLS_COMPILED
         return self._remaining * self.num_decode <= _SCALAR_WORK
 
     def _scalar_pair(self, slot: int) -> tuple[int, int, float]:
-        """:meth:`best_pair` of one slot in scalar Python, kept until the next pick."""
+        """:meth:`best_pair` of one slot in scalar code, kept until the next pick."""
         pair = self._pairs.get(slot)
         if pair is None:
             call = self.calls[slot]
             if self.stage == Stage.PREFILL:
-                pair = self.state.best_prefill_pair_one(call, self._pf(call))
+                if kernels.best_prefill_pairs is not None:
+                    (pair,) = self.state.best_prefill_pairs(self._kernel_inputs(), [slot])
+                else:
+                    pair = self.state.best_prefill_pair_one(call, self._pf(call))
             else:
                 pair = self.state.best_decode_pair_one(call)
             self._pairs[slot] = pair
         return pair
+
+    def _compiled_pairs(self) -> None:
+        """Fill :meth:`_scalar_pair`'s cache for every unpicked slot in one compiled call."""
+        pairs = self._pairs
+        missing = [i for i, picked in enumerate(self.picked) if not picked and i not in pairs]
+        if missing:
+            for i, pair in zip(missing, self.state.best_prefill_pairs(self._kernel_inputs(),
+                                                                      missing), strict=True):
+                pairs[i] = pair
+
+    def _kernel_inputs(self) -> tuple[list, ...]:
+        """The window's per-call inputs of :meth:`PlanState.best_prefill_pairs`, built once."""
+        if self._kin is None:
+            state, calls = self.state, self.calls
+            xcols = state.tables.transfer_cols
+            fixed = [state.call_constants(c) for c in calls]
+            self._kin = ([self._pf(c) for c in calls], [xcols(c.l_in) for c in calls],
+                         [f[0] for f in fixed], [f[1] for f in fixed], [f[2] for f in fixed],
+                         [c.kv_true for c in calls])
+        return self._kin
 
     def _pf(self, call: Call) -> list[float]:
         """The prefill seconds this decision projects for ``call`` on each instance."""
