@@ -31,6 +31,7 @@ from hexagent_gym.entities import (
     CallState,
     DecodeInstance,
     PrefillInstance,
+    SchedulerLoads,
     Workflow,
 )
 from hexagent_gym.events import EventQueue, Phase
@@ -110,8 +111,11 @@ class Engine(InstanceFlow, PlanFlow):
         self._latency = planning_latency
         self._window = max_calls_per_decision
         self._eager_fallback = (not decisions) or planning_latency != 0.0
-        self.prefill = [PrefillInstance(i, s.gpu, s.latency) for i, s in enumerate(cluster.prefill)]
-        self.decode = [DecodeInstance(i, s.gpu, s.latency, s.kv_capacity_tokens, s.max_batch_size)
+        self.loads = loads = SchedulerLoads(len(cluster.prefill), len(cluster.decode))
+        self.prefill = [PrefillInstance(i, s.gpu, s.latency, loads)
+                        for i, s in enumerate(cluster.prefill)]
+        self.decode = [DecodeInstance(i, s.gpu, s.latency, s.kv_capacity_tokens, s.max_batch_size,
+                                      loads)
                        for i, s in enumerate(cluster.decode)]
         self.now = 0.0
         self.events = EventQueue()

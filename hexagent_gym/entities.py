@@ -190,20 +190,32 @@ def head_index(queue: list[Call]) -> int:
 class PrefillInstance:
     """Single-server prefill: one call at a time, a local queue ordered by ``Call.queue_key``."""
 
-    __slots__ = ("index", "gpu", "latency", "queue", "running", "run_end", "queued_est",
-                 "load_tokens")
+    __slots__ = ("index", "gpu", "latency", "queue", "running", "loads")
 
-    def __init__(self, index: int, gpu: str, latency: LatencyModel) -> None:
+    def __init__(self, index: int, gpu: str, latency: LatencyModel,
+                 loads: SchedulerLoads | None = None) -> None:
         self.index = index
         self.gpu = gpu
         self.latency = latency
         self.queue: list[Call] = []
         self.running: Call | None = None
-        self.run_end = -math.inf  # scheduler-visible end of the running prefill (-inf: idle)
-        self.queued_est = 0.0  # scheduler-visible seconds of prefill work queued (not running)
-        # prompt tokens queued or running (the baselines' load signal); a float from the start
-        # so Ŝ copies it as is (sums of token counts are exact in float64)
-        self.load_tokens = 0.0
+        # its scheduler-visible load lives in the cluster's lists (loads.pf_*[index])
+        self.loads = loads if loads is not None else SchedulerLoads(index + 1, 0)
+
+    @property
+    def run_end(self) -> float:
+        """Scheduler-visible end of the running prefill (-inf: idle)."""
+        return self.loads.pf_run_end[self.index]
+
+    @property
+    def queued_est(self) -> float:
+        """Scheduler-visible seconds of prefill work queued (not running)."""
+        return self.loads.pf_queued[self.index]
+
+    @property
+    def load_tokens(self) -> float:
+        """Prompt tokens queued or running (the baselines' load signal)."""
+        return self.loads.pf_tokens[self.index]
 
     def pop_next(self) -> Call:
         """Remove and return the queued call with the smallest key."""
@@ -224,12 +236,12 @@ class DecodeInstance:
 
     __slots__ = (
         "index", "gpu", "latency", "capacity", "max_batch", "used_kv", "batch", "v", "t_v",
-        "step", "ctx_sum", "version", "waiting", "inbound", "committed_pred", "committed_count",
-        "sched_ctx", "true_base", "peak_kv", "recomputing", "hold", "admits",
+        "step", "ctx_sum", "version", "waiting", "inbound", "loads", "true_base", "peak_kv",
+        "recomputing", "hold", "admits",
     )
 
     def __init__(self, index: int, gpu: str, latency: LatencyModel, capacity: int,
-                 max_batch: int) -> None:
+                 max_batch: int, loads: SchedulerLoads | None = None) -> None:
         self.index = index
         self.gpu = gpu
         self.latency = latency
@@ -251,24 +263,39 @@ class DecodeInstance:
         self.ctx_sum = 0.0  # S in the class docstring
         self.version = 0  # bumps on every batch change; stale DECODE_DONE events are ignored
         self.waiting: list[Call] = []  # transferred, not yet admitted (locked here)
-        # Scheduler-visible commitments: calls placed on this decode instance (from placement
-        # until they finish): predicted KV tokens and count.
-        self.committed_pred = 0.0  # a float from the start, so Ŝ copies it as is
-        self.committed_count = 0
-        self.sched_ctx = 0.0  # Σ (L_in + L_out_pred/2) over committed calls
+        # Scheduler-visible commitments (calls placed here, from placement until they finish)
+        # live in the cluster's lists: loads.dec_*[index]
+        self.loads = loads if loads is not None else SchedulerLoads(0, index + 1)
         self.inbound: dict[int, Call] = {}  # placed here, not admitted yet (uid -> call)
+
+    @property
+    def committed_pred(self) -> float:
+        """Predicted KV tokens of the calls committed here."""
+        return self.loads.dec_pred[self.index]
+
+    @property
+    def committed_count(self) -> int:
+        """Calls committed here (running, waiting or inbound)."""
+        return self.loads.dec_count[self.index]
+
+    @property
+    def sched_ctx(self) -> float:
+        """Σ (L_in + L_out_pred/2) over the calls committed here."""
+        return self.loads.dec_ctx[self.index]
 
     def reserve(self, call: Call) -> None:
         """Commit ``call``'s scheduler-visible demand to this instance (placement or a move)."""
-        self.committed_pred += call.kv_pred
-        self.committed_count += 1
-        self.sched_ctx += call.ctx_share
+        loads, i = self.loads, self.index
+        loads.dec_pred[i] += call.kv_pred
+        loads.dec_count[i] += 1
+        loads.dec_ctx[i] += call.ctx_share
 
     def release(self, call: Call) -> None:
         """Return what :meth:`reserve` committed (finish, move away, re-placement)."""
-        self.committed_pred -= call.kv_pred
-        self.committed_count -= 1
-        self.sched_ctx -= call.ctx_share
+        loads, i = self.loads, self.index
+        loads.dec_pred[i] -= call.kv_pred
+        loads.dec_count[i] -= 1
+        loads.dec_ctx[i] -= call.ctx_share
 
     def advance(self, now: float) -> None:
         """Move the virtual token clock to ``now`` at the current rate."""
@@ -351,11 +378,33 @@ class DecodeInstance:
         return (self.batch[0][0] - self.v) * self.step
 
 
-def prefill_free_times(prefill: list[PrefillInstance], now: float,
-                       queued: list[float]) -> list[float]:
+class SchedulerLoads:
+    """The scheduler-visible load of every instance of a cluster, in flat lists indexed by
+    instance: what Ŝ snapshots copy at every scheduling invocation (a list copy instead of a
+    read of every instance). The instances write their entries (placements, starts, finishes);
+    their ``queued_est``, ``committed_pred``, ... properties read them.
+
+    Prefill: ``pf_run_end`` (scheduler-visible end of the running prefill, -inf when idle),
+    ``pf_queued`` (seconds of queued work), ``pf_tokens`` (prompt tokens queued or running).
+    Decode: ``dec_pred`` (predicted KV tokens committed), ``dec_count`` (calls committed),
+    ``dec_ctx`` (Σ L_in + L_out_pred/2 over them). Floats from the start, so Ŝ copies them as
+    they are (sums of token counts are exact in float64)."""
+
+    __slots__ = ("pf_run_end", "pf_queued", "pf_tokens", "dec_pred", "dec_count", "dec_ctx")
+
+    def __init__(self, num_prefill: int, num_decode: int) -> None:
+        self.pf_run_end = [-math.inf] * num_prefill
+        self.pf_queued = [0.0] * num_prefill
+        self.pf_tokens = [0.0] * num_prefill
+        self.dec_pred = [0.0] * num_decode
+        self.dec_count = [0] * num_decode
+        self.dec_ctx = [0.0] * num_decode
+
+
+def prefill_free_times(run_end: list[float], now: float, queued: list[float]) -> list[float]:
     """When a newly placed call could start on each prefill instance (scheduler-visible): after
-    its running prefill's estimated end and ``queued[i]`` seconds of queued work (the instance's
-    ``queued_est``, or less when calls being re-planned give theirs up). The one place this is
-    computed (Ŝ snapshots and the fallback placement)."""
-    return [(end if (end := inst.run_end) > now else now) + (q if q > 0.0 else 0.0)
-            for inst, q in zip(prefill, queued, strict=True)]
+    its running prefill's estimated end ``run_end[i]`` and ``queued[i]`` seconds of queued work
+    (the instance's ``queued_est``, or less when calls being re-planned give theirs up). The
+    one place this is computed (Ŝ snapshots and the fallback placement)."""
+    return [(end if end > now else now) + (q if q > 0.0 else 0.0)
+            for end, q in zip(run_end, queued, strict=True)]

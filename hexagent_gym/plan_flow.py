@@ -48,7 +48,7 @@ class PlanFlow:
         if stage == Stage.PREFILL and self.caches is not None:
             for c in calls:
                 self._view(c)
-        state = snapshot(self.tables, self.now, self.prefill, self.decode, calls,
+        state = snapshot(self.tables, self.now, self.loads, self.decode, calls,
                          stage == Stage.PREFILL)
         state.free_decode = self.free_decode_calls
         self.invocations += 1
@@ -147,16 +147,16 @@ class PlanFlow:
         """
         now = self.now
         self._view(call)
-        free = prefill_free_times(self.prefill, now, [inst.queued_est for inst in self.prefill])
+        loads = self.loads
+        free = prefill_free_times(loads.pf_run_end, now, loads.pf_queued)
         dec = self.decode
 
         def slow_start(d: int, need: float, over: int) -> float:
-            state = snapshot(self.tables, now, self.prefill, dec, [call], True)
+            state = snapshot(self.tables, now, loads, dec, [call], True)
             return state.slow_start(d, need, over)
 
-        p, d, delta = earliest_pair(
-            self.tables, now, free, [x.committed_pred for x in dec],
-            [x.committed_count for x in dec], [x.sched_ctx for x in dec], call, slow_start)
+        p, d, delta = earliest_pair(self.tables, now, free, loads.dec_pred, loads.dec_count,
+                                    loads.dec_ctx, call, slow_start)
         call.proj_release = now + delta
         self._enqueue_prefill(call, p, d)
 
@@ -166,9 +166,10 @@ class PlanFlow:
         call.decode_inst = d
         inst = self.prefill[p]
         inst.queue.append(call)
-        inst.load_tokens += call.l_in
+        loads = self.loads
+        loads.pf_tokens[p] += call.l_in
         call.pf_queued = call.pf_est[p]
-        inst.queued_est += call.pf_queued
+        loads.pf_queued[p] += call.pf_queued
         dec = self.decode[d]
         dec.reserve(call)
         dec.inbound[call.uid] = call
@@ -181,8 +182,9 @@ class PlanFlow:
             return
         src = self.prefill[p]
         src.queue.remove(call)
-        src.load_tokens -= call.l_in
-        src.queued_est = src.queued_est - call.pf_queued if src.queue else 0.0
+        loads = self.loads
+        loads.pf_tokens[p] -= call.l_in
+        loads.pf_queued[p] = loads.pf_queued[p] - call.pf_queued if src.queue else 0.0
         dec = self.decode[d]
         dec.release(call)
         del dec.inbound[call.uid]

@@ -18,7 +18,7 @@ from hexagent_gym.projections import Projections
 if TYPE_CHECKING:
     from hexagent_gym.call_batch import CallBatch
     from hexagent_gym.cluster_tables import ClusterTables
-    from hexagent_gym.entities import Call, DecodeInstance, PrefillInstance
+    from hexagent_gym.entities import Call, DecodeInstance, SchedulerLoads
 
 
 class PlanState(Projections):
@@ -267,15 +267,16 @@ class PlanState(Projections):
         return rel
 
 
-def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
+def snapshot(tables: ClusterTables, now: float, loads: SchedulerLoads,
              decode: list[DecodeInstance], planned: list[Call], prefill_stage: bool) -> PlanState:
-    """Build Ŝ at ``now`` for planning ``planned`` (those calls hold no reservation in Ŝ)."""
+    """Build Ŝ at ``now`` for planning ``planned`` (those calls hold no reservation in Ŝ) from
+    the cluster's scheduler-visible ``loads`` (copied: Ŝ's commits never reach them)."""
     exclude = {c.uid for c in planned}
-    work = [inst.queued_est for inst in prefill]
-    pf_tokens = [inst.load_tokens for inst in prefill]
-    tokens = [x.committed_pred for x in decode]
-    count = [x.committed_count for x in decode]
-    ctx = [x.sched_ctx for x in decode]
+    work = loads.pf_queued[:]
+    pf_tokens = loads.pf_tokens[:]
+    tokens = loads.dec_pred[:]
+    count = loads.dec_count[:]
+    ctx = loads.dec_ctx[:]
     for c in planned:  # a call being (re-)planned gives up its current place in Ŝ
         if c.decode_inst >= 0:
             if prefill_stage:
@@ -285,6 +286,6 @@ def snapshot(tables: ClusterTables, now: float, prefill: list[PrefillInstance],
             tokens[d] -= c.kv_pred
             count[d] -= 1
             ctx[d] -= c.ctx_share
-    free = prefill_free_times(prefill, now, work)
+    free = prefill_free_times(loads.pf_run_end, now, work)
     state = PlanState(tables, now, free, tokens, count, ctx, decode, exclude, pf_tokens)
     return state

@@ -126,3 +126,49 @@ def test_invalid_options_are_rejected():
         Simulator(toy_cluster(), episode(wf), max_calls_per_decision=0)
     with pytest.raises(ValueError, match="rng"):
         Simulator(toy_cluster(), episode(wf), estimation_error=0.1)
+
+
+def test_scheduler_loads_are_the_instances_committed_work_at_every_decision():
+    """The flat load lists that Ŝ snapshots copy hold what the instances have committed: at
+    every decision of an episode with queues, moves and a binding decode memory, the counts
+    equal the calls placed and not finished, the token sums equal theirs (up to the rounding
+    of adding and removing in another order), and the instances' properties read the lists."""
+    from tests.toy import tight_memory_simulator
+
+    sim = tight_memory_simulator()
+    loads = sim.loads
+    dp = sim.run_until_decision()
+    checked = 0
+    while dp is not None:
+        live = [c for w in sim.workflows for c in w.calls
+                if c.decode_inst >= 0 and c.state != CallState.DONE]
+        for d, inst in enumerate(sim.decode):
+            mine = [c for c in live if c.decode_inst == d]
+            assert loads.dec_count[d] == inst.committed_count == len(mine)
+            assert loads.dec_pred[d] == pytest.approx(sum(c.kv_pred for c in mine), abs=1e-6)
+            assert inst.committed_pred is loads.dec_pred[d]
+        for p, inst in enumerate(sim.prefill):
+            queued = [c for c in inst.queue]
+            tokens = sum(c.l_in for c in queued) + (inst.running.l_in if inst.running else 0)
+            assert loads.pf_tokens[p] == inst.load_tokens == pytest.approx(tokens)
+            assert (inst.run_end == -float("inf")) == (inst.running is None)
+        checked += 1
+        while not dp.done:
+            slot = dp.picked.index(False)
+            dp.pick(slot, *dp.best_pair(slot)[:2])
+        dp = sim.run_until_decision()
+    assert checked > 10 and sim.moves > 0
+
+
+def test_a_standalone_decode_instance_keeps_its_own_loads():
+    from types import SimpleNamespace
+
+    from hexagent_gym.entities import DecodeInstance
+
+    inst = DecodeInstance(3, "g", ToyLatency(), 1000, 4)
+    call = SimpleNamespace(kv_pred=300, ctx_share=150.0)
+    inst.reserve(call)
+    inst.reserve(call)
+    inst.release(call)
+    assert (inst.committed_pred, inst.committed_count, inst.sched_ctx) == (300.0, 1, 150.0)
+    assert inst.loads.dec_count == [0, 0, 0, 1]
