@@ -29,7 +29,7 @@ static inline Py_ssize_t iat(PyObject *seq, Py_ssize_t i) { return PyLong_AsSsiz
 
 static int is_seq(PyObject *o, const char *name) {
     if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) return 1;
-    PyErr_Format(PyExc_TypeError, "best_prefill_pair_one: %s must be a list or tuple, got %s",
+    PyErr_Format(PyExc_TypeError, "%s must be a list or tuple, got %s",
                  name, Py_TYPE(o)->tp_name);
     return 0;
 }
@@ -109,7 +109,7 @@ static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, double 
     Py_ssize_t K = S->K, D = S->D, P = S->P;
     if (!is_seq(pf, "pf") || !is_seq(xcols, "xcols")) return -1;
     if (Py_SIZE(pf) != P || Py_SIZE(xcols) != D) {
-        PyErr_SetString(PyExc_ValueError, "best_prefill_pair_one: inconsistent sizes");
+        PyErr_SetString(PyExc_ValueError, "best_prefill_pairs: inconsistent sizes");
         return -1;
     }
     double *ready = buf, *starts = buf + K, *ends = buf + K + D, *fp = buf + K + 2 * D;
@@ -206,36 +206,11 @@ static int alloc_buffers(const Shared *S, double **buf, Py_ssize_t **ibuf) {
     return 0;
 }
 
-/* best_prefill_pair_one(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static,
- *                       batch_top, capacity, slow_start, pf, xcols, weight, own_ctx, kv,
- *                       kv_true, free_start) -> (p, d, delta)
- * Projections.best_prefill_pair_one_python for one call. */
-static PyObject *best_prefill_pair_one(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 19) {
-        PyErr_Format(PyExc_TypeError, "best_prefill_pair_one takes 19 arguments, got %zd", nargs);
-        return NULL;
-    }
-    Shared S;
-    if (shared_from(&S, args, "best_prefill_pair_one") < 0) return NULL;
-    double weight = num(args[14]), own_ctx = num(args[15]), kv = num(args[16]);
-    double kv_true = num(args[17]);
-    int free_start = PyObject_IsTrue(args[18]);
-    if (PyErr_Occurred()) return NULL;
-    double *buf;
-    Py_ssize_t *ibuf, p, d;
-    double best;
-    if (alloc_buffers(&S, &buf, &ibuf) < 0) return NULL;
-    int rc = pair_for_call(&S, args[12], args[13], weight, own_ctx, kv, kv_true, free_start, buf,
-                           ibuf, &p, &d, &best);
-    PyMem_Free(buf);
-    PyMem_Free(ibuf);
-    return rc < 0 ? NULL : Py_BuildValue("nnd", p, d, best);
-}
-
 /* best_prefill_pairs(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static,
  *                    batch_top, capacity, slow_start, pfs, xcols, weights, own_ctxs, kvs,
  *                    kv_trues, slack, any_full, slots) -> [(p, d, delta), ...]
- * best_prefill_pair_one for each call i in slots (per-call lists indexed by i), under one Ŝ:
+ * Projections.best_prefill_pair_one_python for each call i in slots (per-call lists indexed by
+ * i), under one Ŝ:
  * call i's start is free when no batch is full and its demand kvs[i] fits in the smallest
  * slack (Projections._decode_inputs). */
 static PyObject *best_prefill_pairs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -356,10 +331,6 @@ fail:
 }
 
 static PyMethodDef methods[] = {
-    {"best_prefill_pair_one", (PyCFunction)(void (*)(void))best_prefill_pair_one, METH_FASTCALL,
-     "best_prefill_pair_one(now, free, pf_members, pf_class, scan, count, ctx, tokens, "
-     "dec_static, batch_top, capacity, slow_start, pf, xcols, weight, own_ctx, kv, kv_true, "
-     "free_start) -> (p, d, delta): Projections.best_prefill_pair_one for one call."},
     {"best_prefill_pairs", (PyCFunction)(void (*)(void))best_prefill_pairs, METH_FASTCALL,
      "best_prefill_pairs(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static, "
      "batch_top, capacity, slow_start, pfs, xcols, weights, own_ctxs, kvs, kv_trues, slack, "

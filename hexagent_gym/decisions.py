@@ -215,7 +215,7 @@ class DecisionPoint:
         operation dominates there; measured on hetero-1); at the prefill stage with the
         compiled one-call rule (:mod:`hexagent_gym.kernels`), up to ``_SCALAR_CALLS_COMPILED``
         calls on any cluster."""
-        if self.stage == Stage.PREFILL and kernels.best_prefill_pair_one is not None:
+        if self.stage == Stage.PREFILL and kernels.best_prefill_pairs is not None:
             return self._remaining <= _SCALAR_CALLS_COMPILED
         return self._remaining * self.num_decode <= _SCALAR_WORK
 

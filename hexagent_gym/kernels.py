@@ -23,12 +23,9 @@ except ImportError:  # built without a C compiler: the Python versions run
 AVAILABLE = _compiled is not None
 """Whether the compiled kernels were built and import."""
 
-best_prefill_pair_one = None
-"""The compiled ``Projections.best_prefill_pair_one`` loop, or None: the Python one runs."""
-
 best_prefill_pairs = None
-"""The same for several calls of one window in one call (``Projections.best_prefill_pairs``),
-or None."""
+"""The compiled ``Projections.best_prefill_pair_one_python`` for several calls of one window in
+one call (``Projections.best_prefill_pairs``), or None: the Python rule runs."""
 
 decode_scan = None
 """The compiled ``placement.decode_scan_python`` (arguments: the tables' ``dec_kind`` and the
@@ -37,14 +34,12 @@ decode lists), or None."""
 
 def use_compiled(on: bool) -> None:
     """Run the compiled kernels (``on``, if built) or the pure-Python rules from now on."""
-    global best_prefill_pair_one, best_prefill_pairs, decode_scan
+    global best_prefill_pairs, decode_scan
     on = bool(on and AVAILABLE)
-    best_prefill_pair_one = _compiled.best_prefill_pair_one if on else None
     best_prefill_pairs = _compiled.best_prefill_pairs if on else None
     decode_scan = _compiled.decode_scan if on else None
 
 
 use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
 
-__all__ = ["AVAILABLE", "best_prefill_pair_one", "best_prefill_pairs", "decode_scan",
-           "use_compiled"]
+__all__ = ["AVAILABLE", "best_prefill_pairs", "decode_scan", "use_compiled"]

@@ -120,15 +120,12 @@ class Projections:
         seconds the projection uses on each instance. Same floats, same tie-breaking. Runs the
         compiled twin of :meth:`best_prefill_pair_one_python` when it is built
         (:mod:`hexagent_gym.kernels`)."""
-        kernel = kernels.best_prefill_pair_one
-        if kernel is None:
+        if kernels.best_prefill_pairs is None:
             return self.best_prefill_pair_one_python(call, pf)
-        t = self.tables
-        weight, own_ctx, kv, free_start = self._decode_inputs(call)
-        return kernel(self.now, self.free_l, t.pf_members, t.pf_class_list, self.decode_scan(),
-                      self.dec_count_l, self.dec_ctx_l, self.dec_tokens_l, t.dec_static,
-                      t.batch_top, t.dec_capacity, self.slow_start, pf,
-                      t.transfer_cols(call.l_in), weight, own_ctx, kv, call.kv_true, free_start)
+        weight, own_ctx, kv = self.call_constants(call)
+        (pair,) = self.best_prefill_pairs(([pf], [self.tables.transfer_cols(call.l_in)], [weight],
+                                           [own_ctx], [kv], [call.kv_true]), [0])
+        return pair
 
     def best_prefill_pairs(self, inputs: tuple[list, ...],
                            slots: list[int]) -> list[tuple[int, int, float]]:

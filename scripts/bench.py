@@ -97,11 +97,15 @@ def main(argv: list[str] | None = None) -> int:
                                 ("MultiInput", ppo.run("mlp")))))
         if not args.no_scaling:
             from envs.benchmark import bench_scaling
+            from hexagent_gym import kernels
 
-            rows = bench_scaling("hexagent", args.trace, args.policy_load, seed=args.seed)
+            rows = bench_scaling("hexagent", args.trace, args.policy_load, seed=args.seed,
+                                 repeat=args.repeat)
+            compiled = ("compiled kernels" if kernels.best_prefill_pairs is not None
+                        else "pure-Python rules")
             print(f"\nscaling through env.rollout('hexagent') on {args.trace} at load "
-                  f"{args.policy_load} (us per simulated call; first rollout includes the "
-                  "standalone horizons):")
+                  f"{args.policy_load}, {compiled} (us per simulated call; first rollout "
+                  "includes the standalone horizons):")
             print(f"  {'cluster':<12} {'size':>9} {'workflows':>9} {'calls':>7} "
                   f"{'first':>7} {'again':>7} {'ms/inv':>7} {'picks/call':>10} {'Req99':>6}")
             for r in rows:

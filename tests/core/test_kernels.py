@@ -97,58 +97,67 @@ def test_episodes_are_identical_with_and_without_the_kernels(build):
 def test_switch_selects_the_implementation():
     try:
         kernels.use_compiled(False)
-        assert kernels.best_prefill_pair_one is None
+        assert kernels.best_prefill_pairs is None
         kernels.use_compiled(True)
-        assert kernels.best_prefill_pair_one is not None
+        assert kernels.best_prefill_pairs is not None
     finally:
         kernels.use_compiled(True)
 
 
-def test_hand_computed_pair_and_clear_errors():
-    fn = kernels._compiled.best_prefill_pair_one
-    with pytest.raises(TypeError, match="takes 19 arguments, got 2"):
+def test_hand_computed_pairs_and_clear_errors():
+    fn = kernels._compiled.best_prefill_pairs
+    with pytest.raises(TypeError, match="takes 21 arguments, got 2"):
         fn(0.0, [1.0])
     # one prefill and one decode instance, idle; batch-size table clamped at 1: the decode step
-    # is base[1] + slope[1]·ctx = 1.0 s, the call's weight 1: Δ = max(0 + 0, now) + 1.0 = 1.0
-    args = [0.0, [0.0], [[0]], [0], [0], [0], [0.0], [0.0],
-            [(100.0, 4, (0.0, 1.0), (0.0, 0.0))], 1, [100.0], None,
-            [0.0], ((0.0,),), 1.0, 1.0, 1.0, 1.0, True]
-    assert fn(*args) == (0, 0, 1.0)
-    big = list(args)
-    big[17] = 101.0  # the call's true KV exceeds the only instance: no valid pair
-    assert fn(*big) == (0, 0, math.inf)
-    bad = list(args)
-    bad[12] = {0: 0.0}
+    # is base[1] + slope[1]·ctx = 1.0 s; call 0 has weight 1: Δ = max(0 + 0, now) + 1.0 = 1.0;
+    # call 1 has weight 2 and a 0.5 s prefill: Δ = 0.5 + 2.0 = 2.5; call 2 needs more KV than
+    # the instance holds: no valid pair
+    shared = [0.0, [0.0], [[0]], [0], [0], [0], [0.0], [0.0],
+              [(100.0, 4, (0.0, 1.0), (0.0, 0.0))], 1, [100.0], None]
+    calls = [[[0.0], [0.5], [0.0]], [((0.0,),)] * 3, [1.0, 2.0, 1.0], [1.0, 1.0, 1.0],
+             [1.0, 1.0, 1.0], [1.0, 1.0, 101.0]]
+    assert fn(*shared, *calls, 50.0, False, [0, 1, 2]) == [(0, 0, 1.0), (0, 0, 2.5),
+                                                         (0, 0, math.inf)]
+    assert fn(*shared, *calls, 50.0, False, [1]) == [(0, 0, 2.5)]
+    bad = [[{0: 0.0}, [0.5], [0.0]], *calls[1:]]
     with pytest.raises(TypeError, match="pf must be a list or tuple, got dict"):
-        fn(*bad)
-    bad = list(args)
-    bad[5] = [0, 0]  # count longer than the decode instances
+        fn(*shared, *bad, 50.0, False, [0])
+    wrong = list(shared)
+    wrong[5] = [0, 0]  # count longer than the decode instances
     with pytest.raises(ValueError, match="inconsistent sizes"):
-        fn(*bad)
+        fn(*wrong, *calls, 50.0, False, [0])
+    with pytest.raises(ValueError, match="per-call lists differ in length"):
+        fn(*shared, calls[0], *calls[1:-1], [1.0], 50.0, False, [0])
 
 
-def test_window_kernel_equals_the_one_call_kernel_slot_by_slot():
-    """best_prefill_pairs over a window equals best_prefill_pair_one per slot, at every pick of
-    an episode with multi-call windows, and refuses a slot out of range."""
-    kernels.use_compiled(True)
-    config = EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3", num_workflows=200,
-                           load=1.2, seed=3)
+def _before_every_pick(config: EpisodeConfig):
+    """Yield the open decision point before each HexAgent pick of an episode."""
     sim = EpisodeFactory(config).simulator()
     policy = make_policy("hexagent")
     policy.reset(sim)
     dp = sim.run_until_decision()
-    compared = 0
     while dp is not None:
         while not dp.done:
-            if dp.stage.name == "PREFILL":
-                slots = [i for i, picked in enumerate(dp.picked) if not picked]
-                many = dp.state.best_prefill_pairs(dp._kernel_inputs(), slots)
-                one = [dp.state.best_prefill_pair_one(dp.calls[i], dp._pf(dp.calls[i]))
-                       for i in slots]
-                assert many == one
-                compared += len(slots) > 1
+            yield dp
             dp.pick(*policy.pick(dp))
         dp = sim.run_until_decision()
+
+
+def test_window_kernel_equals_the_one_call_kernel_slot_by_slot():
+    """best_prefill_pairs over a window equals the one-call pick per slot, at every pick of an
+    episode with multi-call windows, and refuses a slot out of range."""
+    kernels.use_compiled(True)
+    config = EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3", num_workflows=200,
+                           load=1.2, seed=3)
+    compared = 0
+    for dp in _before_every_pick(config):
+        if dp.stage == Stage.PREFILL:
+            slots = [i for i, picked in enumerate(dp.picked) if not picked]
+            many = dp.state.best_prefill_pairs(dp._kernel_inputs(), slots)
+            one = [dp.state.best_prefill_pair_one(dp.calls[i], dp._pf(dp.calls[i]))
+                   for i in slots]
+            assert many == one
+            compared += len(slots) > 1
     assert compared > 50
     with pytest.raises(IndexError, match="slot 99 out of range"):
         sim2 = EpisodeFactory(config).simulator()
@@ -161,21 +170,14 @@ def test_compiled_decode_scan_equals_python_at_every_pick():
 
     config = EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3", num_workflows=150,
                            load=0.8, seed=6)
-    sim = EpisodeFactory(config).simulator()
-    policy = make_policy("hexagent")
-    policy.reset(sim)
-    dp = sim.run_until_decision()
     checked = skipped = 0
-    while dp is not None:
-        while not dp.done:
-            st = dp.state
-            lists = (st.dec_tokens_l, st.dec_count_l, st.dec_ctx_l)
-            fast = kernels._compiled.decode_scan(st.tables.dec_kind, *lists)
-            assert fast == decode_scan_python(st.tables, *lists)
-            checked += 1
-            skipped += st.tables.num_decode - len(fast)
-            dp.pick(*policy.pick(dp))
-        dp = sim.run_until_decision()
+    for dp in _before_every_pick(config):
+        st = dp.state
+        lists = (st.dec_tokens_l, st.dec_count_l, st.dec_ctx_l)
+        fast = kernels._compiled.decode_scan(st.tables.dec_kind, *lists)
+        assert fast == decode_scan_python(st.tables, *lists)
+        checked += 1
+        skipped += st.tables.num_decode - len(fast)
     assert checked > 300 and skipped > 1000  # idle twins were skipped
 
 
