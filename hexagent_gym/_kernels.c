@@ -330,11 +330,46 @@ fail:
     return NULL;
 }
 
+/* prefill_free_times(run_end, now, queued) -> [float, ...]
+ * hexagent_gym.entities.prefill_free_times_python: (end if end > now else now) + (q if q > 0 else
+ * 0) per prefill instance. */
+static PyObject *prefill_free_times(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "prefill_free_times takes 3 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *run_end = args[0], *queued = args[2];
+    double now = num(args[1]);
+    if (PyErr_Occurred() || !is_seq(run_end, "run_end") || !is_seq(queued, "queued"))
+        return NULL;
+    Py_ssize_t P = Py_SIZE(run_end);
+    if (Py_SIZE(queued) != P) {
+        PyErr_SetString(PyExc_ValueError, "prefill_free_times: inconsistent sizes");
+        return NULL;
+    }
+    PyObject *out = PyList_New(P);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t p = 0; p < P; p++) {
+        double end = dat(run_end, p), q = dat(queued, p);
+        PyObject *v = PyErr_Occurred() ? NULL
+                                       : PyFloat_FromDouble((end > now ? end : now) +
+                                                            (q > 0.0 ? q : 0.0));
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, p, v);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"best_prefill_pairs", (PyCFunction)(void (*)(void))best_prefill_pairs, METH_FASTCALL,
      "best_prefill_pairs(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static, "
      "batch_top, capacity, slow_start, pfs, xcols, weights, own_ctxs, kvs, kv_trues, slack, "
      "any_full, slots) -> [(p, d, delta)]: best_prefill_pair_one of each call in slots."},
+    {"prefill_free_times", (PyCFunction)(void (*)(void))prefill_free_times, METH_FASTCALL,
+     "prefill_free_times(run_end, now, queued) -> [float]: entities.prefill_free_times."},
     {"decode_scan", (PyCFunction)(void (*)(void))decode_scan, METH_FASTCALL,
      "decode_scan(kind, tokens, count, ctx) -> [d, ...]: placement.decode_scan."},
     {NULL, NULL, 0, NULL},

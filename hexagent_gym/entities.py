@@ -12,6 +12,8 @@ import math
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
+from hexagent_gym import kernels
+
 if TYPE_CHECKING:
     from hexagent_gym.latency import LatencyModel
     from hexagent_gym.workload import CallSpec, WorkflowSpec
@@ -402,6 +404,15 @@ class SchedulerLoads:
 
 
 def prefill_free_times(run_end: list[float], now: float, queued: list[float]) -> list[float]:
+    """:func:`prefill_free_times_python`, compiled when :mod:`hexagent_gym.kernels` is built."""
+    kernel = kernels.prefill_free_times
+    if kernel is None:
+        return prefill_free_times_python(run_end, now, queued)
+    return kernel(run_end, now, queued)
+
+
+def prefill_free_times_python(run_end: list[float], now: float,
+                              queued: list[float]) -> list[float]:
     """When a newly placed call could start on each prefill instance (scheduler-visible): after
     its running prefill's estimated end ``run_end[i]`` and ``queued[i]`` seconds of queued work
     (the instance's ``queued_est``, or less when calls being re-planned give theirs up). The

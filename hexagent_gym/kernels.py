@@ -31,15 +31,20 @@ decode_scan = None
 """The compiled ``placement.decode_scan_python`` (arguments: the tables' ``dec_kind`` and the
 decode lists), or None."""
 
+prefill_free_times = None
+"""The compiled ``entities.prefill_free_times_python``, or None."""
+
 
 def use_compiled(on: bool) -> None:
     """Run the compiled kernels (``on``, if built) or the pure-Python rules from now on."""
-    global best_prefill_pairs, decode_scan
+    global best_prefill_pairs, decode_scan, prefill_free_times
     on = bool(on and AVAILABLE)
     best_prefill_pairs = _compiled.best_prefill_pairs if on else None
     decode_scan = _compiled.decode_scan if on else None
+    prefill_free_times = _compiled.prefill_free_times if on else None
 
 
 use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
 
-__all__ = ["AVAILABLE", "best_prefill_pairs", "decode_scan", "use_compiled"]
+__all__ = ["AVAILABLE", "best_prefill_pairs", "decode_scan", "prefill_free_times",
+           "use_compiled"]

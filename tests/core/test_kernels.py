@@ -193,3 +193,24 @@ def test_compiled_decode_scan_by_hand():
     assert scan(kind, [0.0, 0.0, 700.0, 0.0, 0.0, 40.0], count, [0.0] * 6) == [0, 1, 2, 4, 5]
     with pytest.raises(ValueError, match="decode_scan: inconsistent sizes"):
         scan(kind, tokens, count, [0.0])
+
+
+def test_compiled_prefill_free_times_equal_python():
+    from hexagent_gym.entities import prefill_free_times_python
+
+    free = kernels._compiled.prefill_free_times
+    # idle (-inf), running past now, running before now; queued work, none, a rounding residue
+    run_end, queued = [-math.inf, 5.5, 1.0], [2.0, 0.0, -1e-12]
+    assert free(run_end, 3.0, queued) == prefill_free_times_python(run_end, 3.0, queued) == [
+        5.0, 5.5, 3.0]
+    with pytest.raises(ValueError, match="prefill_free_times: inconsistent sizes"):
+        free(run_end, 3.0, [0.0])
+    config = EpisodeConfig(cluster="hetero-1-x2", trace="mixed", num_workflows=60, load=2.0,
+                           seed=2)
+    checked = 0
+    for dp in _before_every_pick(config):
+        loads = dp.state._decode[0].loads  # the engine's lists, through a live instance
+        args = (loads.pf_run_end, dp.now, loads.pf_queued)
+        assert free(*args) == prefill_free_times_python(*args)
+        checked += 1
+    assert checked > 100
