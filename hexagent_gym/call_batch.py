@@ -13,6 +13,25 @@ if TYPE_CHECKING:
     from hexagent_gym.entities import Call
 
 
+class _Core:
+    """A :class:`CallBatch` array that is built, with the window's other core arrays
+    (``_build_core``), on its first read; stored in the slot of its name with a leading ``_``."""
+
+    def __init__(self, doc: str) -> None:
+        self.__doc__ = doc
+        self.slot = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, batch: CallBatch | None, owner: type | None = None):
+        if batch is None:
+            return self
+        if batch._l_in is None:
+            batch._build_core()
+        return getattr(batch, self.slot)
+
+
 class CallBatch:
     """Constant per-call arrays of a decision's window, built once and reused at every pick.
 
@@ -50,54 +69,15 @@ class CallBatch:
         self._any_too_big = bool(self._too_big.any())
         self._l_in = l_in
 
-    @property
-    def l_in(self) -> np.ndarray:
-        """(n,) prompt tokens."""
-        if self._l_in is None:
-            self._build_core()
-        return self._l_in
-
-    @property
-    def pf(self) -> np.ndarray:
-        """(n, P) estimated prefill seconds on each instance (cache-aware unless the decision
-        ignores the cache)."""
-        if self._l_in is None:
-            self._build_core()
-        return self._pf
-
-    @property
-    def weight(self) -> np.ndarray:
-        """(n,) predicted output tokens × decode error: decode seconds per unit step time."""
-        if self._l_in is None:
-            self._build_core()
-        return self._weight
-
-    @property
-    def ctx(self) -> np.ndarray:
-        """(n,) mean own context over the call's decode."""
-        if self._l_in is None:
-            self._build_core()
-        return self._ctx
-
-    @property
-    def kv_pred(self) -> np.ndarray:
-        """(n,) predicted KV demand (a sample group's leader: the whole group's)."""
-        if self._l_in is None:
-            self._build_core()
-        return self._kv_pred
-
-    @property
-    def too_big(self) -> np.ndarray:
-        """(n, D) bool: the call's true KV never fits on the decode instance."""
-        if self._l_in is None:
-            self._build_core()
-        return self._too_big
-
-    @property
-    def any_too_big(self) -> bool:
-        if self._l_in is None:
-            self._build_core()
-        return self._any_too_big
+    l_in = _Core("(n,) prompt tokens.")
+    pf = _Core("(n, P) estimated prefill seconds on each instance (cache-aware unless the "
+               "decision ignores the cache).")
+    weight = _Core("(n,) predicted output tokens × decode error: decode seconds per unit step "
+                   "time.")
+    ctx = _Core("(n,) mean own context over the call's decode.")
+    kv_pred = _Core("(n,) predicted KV demand (a sample group's leader: the whole group's).")
+    too_big = _Core("(n, D) bool: the call's true KV never fits on the decode instance.")
+    any_too_big = _Core("Whether any entry of too_big is True.")
 
     @property
     def prefill_inst(self) -> np.ndarray:

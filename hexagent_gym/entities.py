@@ -189,6 +189,20 @@ def head_index(queue: list[Call]) -> int:
     return best
 
 
+class _LoadEntry:
+    """An instance's entry in one list of its cluster's :class:`SchedulerLoads` (read-only: the
+    engine writes the lists)."""
+
+    def __init__(self, field: str, doc: str) -> None:
+        self.field = field
+        self.__doc__ = doc
+
+    def __get__(self, inst, owner: type | None = None):
+        if inst is None:
+            return self
+        return getattr(inst.loads, self.field)[inst.index]
+
+
 class PrefillInstance:
     """Single-server prefill: one call at a time, a local queue ordered by ``Call.queue_key``."""
 
@@ -204,20 +218,12 @@ class PrefillInstance:
         # its scheduler-visible load lives in the cluster's lists (loads.pf_*[index])
         self.loads = loads if loads is not None else SchedulerLoads(index + 1, 0)
 
-    @property
-    def run_end(self) -> float:
-        """Scheduler-visible end of the running prefill (-inf: idle)."""
-        return self.loads.pf_run_end[self.index]
-
-    @property
-    def queued_est(self) -> float:
-        """Scheduler-visible seconds of prefill work queued (not running)."""
-        return self.loads.pf_queued[self.index]
-
-    @property
-    def load_tokens(self) -> float:
-        """Prompt tokens queued or running (the baselines' load signal)."""
-        return self.loads.pf_tokens[self.index]
+    run_end = _LoadEntry("pf_run_end",
+                         "Scheduler-visible end of the running prefill (-inf: idle).")
+    queued_est = _LoadEntry("pf_queued",
+                            "Scheduler-visible seconds of prefill work queued (not running).")
+    load_tokens = _LoadEntry("pf_tokens",
+                             "Prompt tokens queued or running (the baselines' load signal).")
 
     def pop_next(self) -> Call:
         """Remove and return the queued call with the smallest key."""
@@ -270,20 +276,10 @@ class DecodeInstance:
         self.loads = loads if loads is not None else SchedulerLoads(0, index + 1)
         self.inbound: dict[int, Call] = {}  # placed here, not admitted yet (uid -> call)
 
-    @property
-    def committed_pred(self) -> float:
-        """Predicted KV tokens of the calls committed here."""
-        return self.loads.dec_pred[self.index]
-
-    @property
-    def committed_count(self) -> int:
-        """Calls committed here (running, waiting or inbound)."""
-        return self.loads.dec_count[self.index]
-
-    @property
-    def sched_ctx(self) -> float:
-        """Σ (L_in + L_out_pred/2) over the calls committed here."""
-        return self.loads.dec_ctx[self.index]
+    committed_pred = _LoadEntry("dec_pred", "Predicted KV tokens of the calls committed here.")
+    committed_count = _LoadEntry("dec_count",
+                                 "Calls committed here (running, waiting or inbound).")
+    sched_ctx = _LoadEntry("dec_ctx", "Σ (L_in + L_out_pred/2) over the calls committed here.")
 
     def reserve(self, call: Call) -> None:
         """Commit ``call``'s scheduler-visible demand to this instance (placement or a move)."""
