@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from dataclasses import dataclass
@@ -98,6 +99,7 @@ def bench_timeline(policy: str = "hexagent", trace: str = "bfcl_v3", cluster: st
         for record in (False, True):
             sim = factory.simulator(record_timeline=record)
             pick = make_policy(policy)
+            gc.collect()  # a full collection inside one short timed rollout would dominate it
             t0 = time.perf_counter()
             result = run_policy(sim, pick)
             best[record] = min(best[record], time.perf_counter() - t0)
