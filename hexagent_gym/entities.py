@@ -379,8 +379,9 @@ class DecodeInstance:
 class SchedulerLoads:
     """The scheduler-visible load of every instance of a cluster, in flat lists indexed by
     instance: what Ŝ snapshots copy at every scheduling invocation (a list copy instead of a
-    read of every instance). The instances write their entries (placements, starts, finishes);
-    their ``queued_est``, ``committed_pred``, ... properties read them.
+    read of every instance). The engine writes the prefill entries (placements, prefill starts
+    and ends), ``DecodeInstance.reserve``/``release`` the decode ones; the instances'
+    ``queued_est``, ``committed_pred``, ... attributes read them.
 
     Prefill: ``pf_run_end`` (scheduler-visible end of the running prefill, -inf when idle),
     ``pf_queued`` (seconds of queued work), ``pf_tokens`` (prompt tokens queued or running).

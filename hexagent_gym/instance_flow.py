@@ -26,7 +26,7 @@ class InstanceFlow:
         inst = self.prefill[p]
         call = inst.running
         inst.running = None
-        loads = inst.loads
+        loads = self.loads
         loads.pf_run_end[p] = -math.inf
         loads.pf_tokens[p] -= call.l_in
         call.prefill_end = self.now
@@ -168,7 +168,7 @@ class InstanceFlow:
         del self._waiting_prefill[call.uid]
         call.state = CallState.PREFILL
         call.prefill_start = now
-        queued = inst.loads.pf_queued
+        queued = self.loads.pf_queued
         queued[p] = queued[p] - call.pf_queued if inst.queue else 0.0
         inst.running = call
         l_in = call.l_in
@@ -186,7 +186,7 @@ class InstanceFlow:
                 hit = l_in
             duration = tables.prefill_times_hit(l_in, hit)[tables.pf_class_list[p]]
             call.pf_run = duration * call.pf_err
-        inst.loads.pf_run_end[p] = now + call.pf_run
+        self.loads.pf_run_end[p] = now + call.pf_run
         call.hit = hit
         call.cached = None  # the scheduler's view of waiting calls only
         self.prompt_tokens += l_in

@@ -101,9 +101,7 @@ class PlanState(Projections):
         Returns the scalar ``now`` when no decode limit binds for any of the calls (the common
         case), which broadcasts like the full array.
         """
-        limits = self._limits
-        if limits is None:
-            limits = self._limits = self._decode_limits()
+        limits = self.limits()
         if not limits[1] and float(kv.max()) <= limits[0]:
             return self.now  # every call fits in every instance's slack, no batch is full
         t = self.tables
@@ -125,6 +123,14 @@ class PlanState(Projections):
                 col_start = np.maximum(col_start, times[min(int(over[d]) - 1, len(rel))])
             start[:, d] = np.maximum(col_start, self.now)
         return start
+
+    def limits(self) -> tuple[float, bool]:
+        """(smallest KV slack over the decode instances, whether any batch is full) under Ŝ:
+        built once, then kept current by every commit."""
+        limits = self._limits
+        if limits is None:
+            limits = self._limits = self._decode_limits()
+        return limits
 
     def _decode_limits(self) -> tuple[float, bool]:
         """(smallest KV slack over the decode instances, whether any batch is full): the test

@@ -134,9 +134,7 @@ class Projections:
         (prefill seconds per instance, transfer columns, then :meth:`call_constants` as three
         lists, then true KV demands), constant over the decision."""
         t = self.tables
-        limits = self._limits
-        if limits is None:
-            limits = self._limits = self._decode_limits()
+        limits = self.limits()
         return kernels.best_prefill_pairs(
             self.now, self.free_l, t.pf_members, t.pf_class_list, self.decode_scan(),
             self.dec_count_l, self.dec_ctx_l, self.dec_tokens_l, t.dec_static, t.batch_top,
@@ -204,13 +202,8 @@ class Projections:
     def _decode_inputs(self, call: Call) -> tuple[float, float, float, bool]:
         """(weight, mean own context, predicted KV demand, whether no decode limit can bind) of
         ``call`` under Ŝ: the inputs of :func:`decode_terms` / :func:`decode_end` for it."""
-        fixed = self._call_inputs.get(call.uid)
-        if fixed is None:
-            fixed = self.call_constants(call)
-        limits = self._limits
-        if limits is None:
-            limits = self._limits = self._decode_limits()
-        weight, own_ctx, kv = fixed
+        weight, own_ctx, kv = self.call_constants(call)
+        limits = self.limits()
         return weight, own_ctx, kv, not limits[1] and kv <= limits[0]
 
     def call_constants(self, call: Call) -> tuple[float, float, float]:
