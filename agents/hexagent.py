@@ -61,12 +61,16 @@ class HexAgentPolicy(BasePolicy):
             self.name = f"{self.name}-nocache"
         self._dp: DecisionPoint | None = None
         self._seen: DecisionPoint | None = None  # last decision seen (cache view set up)
+        self._inputs_of: DecisionPoint | None = None  # decision of _arrival and _h_est
+        self._arrival: list[float] = []
+        self._h_est: list[float] = []
         self._order: list[int] = []
         self._next = 0
 
     def reset(self, sim) -> None:
         self._dp = None
         self._seen = None
+        self._inputs_of = None
 
     def pick(self, dp: DecisionPoint) -> tuple[int, int, int]:
         if dp is not self._seen:
@@ -79,9 +83,37 @@ class HexAgentPolicy(BasePolicy):
         elif dp.num_remaining == 1:  # the argmax of one finite risk among −inf: no projection
             slot = 0 if n == 1 else dp.picked.index(False)
         else:
-            slot = int(np.argmax(projected_risk(dp)))
+            slot = self._riskiest(dp)
         p, d, _ = dp.best_pair(slot)
         return slot, p, d
+
+    def _riskiest(self, dp: DecisionPoint) -> int:
+        """``argmax(projected_risk(dp))`` over a short window in scalar Python: the same IEEE
+        operations on the same floats, and the first slot of the largest risk, as numpy's."""
+        if dp is not self._inputs_of:
+            self._inputs_of = dp
+            self._arrival = [c.workflow.arrival for c in dp.calls]
+            self._h_est = [c.workflow.h_est for c in dp.calls]  # as CallBatch.h_est: at the
+            # decision's first ranking (nothing changes a horizon while a decision is open)
+        now, arrival, h_est = dp.now, self._arrival, self._h_est
+        slot, top = -1, -np.inf
+        for i, best in enumerate(dp.min_delta_values()):
+            if dp.picked[i]:
+                continue
+            h = h_est[i]
+            if h == 0.0:  # numpy divides by zero to inf or NaN; Python raises: let numpy rank
+                return self._numpy_riskiest(dp)
+            risk = ((now - arrival[i]) + best) / h
+            if risk > top:
+                slot, top = i, risk
+            elif risk != risk:  # NaN: numpy's argmax returns the first NaN
+                return self._numpy_riskiest(dp)
+        return slot if slot >= 0 else self._numpy_riskiest(dp)
+
+    @staticmethod
+    def _numpy_riskiest(dp: DecisionPoint) -> int:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return int(np.argmax(projected_risk(dp)))
 
     def _one_pass_slot(self, dp: DecisionPoint) -> int:
         if dp is not self._dp:

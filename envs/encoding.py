@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from gymnasium import spaces
 
+from hexagent_gym import kernels
 from hexagent_gym.decisions import Stage
 
 if TYPE_CHECKING:
@@ -165,7 +166,6 @@ class Encoder:
         self._padded = p_max != P or d_max != D
         self._pd_live = P * D
         self._calls_empty = np.zeros((k, len(CALL_FEATURES)), dtype=f32)
-        self._grid_empty = np.full((k, p_max, d_max), DELTA_MASKED, dtype=f32)
         self._cached_empty = np.zeros((k, p_max), dtype=f32)
         # per-decision-point caches, filled by begin()
         self._dp: DecisionPoint | None = None
@@ -262,17 +262,19 @@ class Encoder:
         exceeds a list's at these sizes), with the same float64 operations, so the same values."""
         dp = self._dp
         assert dp is not None, "begin() must run before observe()"
-        P, D, pd = self.num_prefill, self.num_decode, self._pd_live
+        P, D = self.num_prefill, self.num_decode
         inv = self.inv_ts
         delta = dp.delta  # (n, P, D) seconds from now, inf = invalid; the core's cached array
         n = delta.shape[0]
-        flat = delta.reshape(n, pd)
-        fin = np.isfinite(flat)
-        scaled = flat * inv
-        np.minimum(scaled, CLIP, out=scaled)
+        grid = np.empty((self.k, self.p_max, self.d_max), dtype=np.float32)
+        mask = np.empty(self.num_actions, dtype=bool)
+        if kernels.delta_grid is not None:
+            best = kernels.delta_grid(np.ascontiguousarray(delta), inv, CLIP, DELTA_MASKED,
+                                      grid, mask)
+        else:
+            best = self._delta_grid(delta, grid, mask)
 
         calls = self._calls.copy()
-        best = flat.min(axis=1).tolist()  # inf when the slot has no valid pair (picked)
         calls[:n, _C_PICKED] = dp.picked
         calls[:n, _C_MIN] = [min(b * inv, CLIP) for b in best]
         calls[:n, _C_RISK] = [min((a + b) / h, CLIP)
@@ -292,17 +294,29 @@ class Encoder:
         glob[_G_UNPICKED] = (n - picks) / self.k
         glob[_G_PICKS] = picks / self.k
 
-        grid = self._grid_empty.copy()  # DELTA_MASKED everywhere: the valid entries go in
-        mask = np.zeros(self.num_actions, dtype=bool)
+        obs = {"calls": calls, "delta": grid, "prefill": pre, "decode": dec, "globals": glob,
+               "cached": self._cached.copy()}
+        return obs, mask
+
+    def _delta_grid(self, delta: np.ndarray, grid: np.ndarray, mask: np.ndarray) -> list[float]:
+        """Fill ``grid`` (K, P_max, D_max) with the scaled, clipped valid entries of ``delta``
+        (n, P, D) and DELTA_MASKED elsewhere, ``mask`` with where they are; return each row's
+        smallest Δ (inf: no valid pair). The reference of the compiled ``delta_grid``."""
+        P, D, pd = self.num_prefill, self.num_decode, self._pd_live
+        n = delta.shape[0]
+        flat = delta.reshape(n, pd)
+        fin = np.isfinite(flat)
+        scaled = flat * self.inv_ts
+        np.minimum(scaled, CLIP, out=scaled)
+        grid[...] = DELTA_MASKED
+        mask[:] = False
         if self._padded:
             np.copyto(grid[:n, :P, :D], scaled.reshape(n, P, D), where=fin.reshape(n, P, D))
             mask.reshape(self.k, self.p_max, self.d_max)[:n, :P, :D] = fin.reshape(n, P, D)
         else:
             np.copyto(grid.reshape(self.k, pd)[:n], scaled, where=fin)
             mask[:n * pd] = fin.reshape(-1)
-        obs = {"calls": calls, "delta": grid, "prefill": pre, "decode": dec, "globals": glob,
-               "cached": self._cached.copy()}
-        return obs, mask
+        return flat.min(axis=1).tolist()
 
     def empty(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Observation after the episode drained: no calls, instances idle, nothing valid."""

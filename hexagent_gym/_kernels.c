@@ -13,6 +13,7 @@
 #include <Python.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static inline PyObject *at(PyObject *seq, Py_ssize_t i) {
     /* a borrowed item of a list or tuple, bounds unchecked (the caller checked the sizes) */
@@ -266,6 +267,184 @@ fail:
     return NULL;
 }
 
+/* prefill_grid(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static, batch_top,
+ *              capacity, slow_start, pfs, xcols, weights, own_ctxs, kvs, kv_trues, slack,
+ *              any_full, slots, out) -> None
+ * Projections.prefill_delta_one of each call i in slots (best_prefill_pairs' arguments; scan is
+ * unused: every decode instance gets its entry), written into row i of out, a C-contiguous
+ * writable float64 buffer of n * P * D doubles: out[i, p, d] = max(free[p] + pf[p] + x[d][k],
+ * start_d) + end_d, with k the class of p; inf where the call's true KV exceeds d's capacity.
+ * Rows of calls not in slots are left as they are. */
+static PyObject *prefill_grid(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 22) {
+        PyErr_Format(PyExc_TypeError, "prefill_grid takes 22 arguments, got %zd", nargs);
+        return NULL;
+    }
+    Shared S;
+    if (shared_from(&S, args, "prefill_grid") < 0) return NULL;
+    PyObject *pfs = args[12], *xcols = args[13], *weights = args[14], *own = args[15];
+    PyObject *kvs = args[16], *kv_trues = args[17], *slots = args[20];
+    double slack = num(args[18]);
+    int any_full = PyObject_IsTrue(args[19]);
+    if (PyErr_Occurred()) return NULL;
+    if (!is_seq(pfs, "pfs") || !is_seq(xcols, "xcols") || !is_seq(weights, "weights") ||
+        !is_seq(own, "own_ctxs") || !is_seq(kvs, "kvs") || !is_seq(kv_trues, "kv_trues") ||
+        !is_seq(slots, "slots"))
+        return NULL;
+    Py_ssize_t n = Py_SIZE(pfs), m = Py_SIZE(slots), P = S.P, D = S.D;
+    if (Py_SIZE(xcols) != n || Py_SIZE(weights) != n || Py_SIZE(own) != n ||
+        Py_SIZE(kvs) != n || Py_SIZE(kv_trues) != n) {
+        PyErr_SetString(PyExc_ValueError, "prefill_grid: per-call lists differ in length");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[21], &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+        < 0)
+        return NULL;
+    double *buf = NULL;
+    if (view.itemsize != (Py_ssize_t)sizeof(double) || view.format == NULL ||
+        strcmp(view.format, "d") != 0 || view.len != (Py_ssize_t)sizeof(double) * n * P * D) {
+        PyErr_Format(PyExc_ValueError, "prefill_grid: out must be float64 of %zd x %zd x %zd",
+                     n, P, D);
+        goto fail;
+    }
+    buf = PyMem_Malloc(sizeof(double) * (size_t)(3 * D + P) + 1);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    double *starts = buf, *ends = buf + D, *fp = buf + 2 * D, *grid = view.buf;
+    double *big = buf + 2 * D + P; /* 1.0 where the call cannot fit on d */
+    for (Py_ssize_t j = 0; j < m; j++) {
+        Py_ssize_t i = iat(slots, j);
+        if (PyErr_Occurred()) goto fail;
+        if (i < 0 || i >= n) {
+            PyErr_Format(PyExc_IndexError, "prefill_grid: slot %zd out of range", i);
+            goto fail;
+        }
+        PyObject *pf = at(pfs, i), *x = at(xcols, i);
+        if (!is_seq(pf, "pf") || !is_seq(x, "xcols")) goto fail;
+        if (Py_SIZE(pf) != P || Py_SIZE(x) != D) {
+            PyErr_SetString(PyExc_ValueError, "prefill_grid: inconsistent sizes");
+            goto fail;
+        }
+        double kv = dat(kvs, i), weight = dat(weights, i), own_ctx = dat(own, i);
+        double kv_true = dat(kv_trues, i);
+        int free_start = !any_full && kv <= slack;
+        for (Py_ssize_t d = 0; d < D; d++) {
+            if (decode_terms(S.dec_static, d, S.now, S.tokens, S.count, S.ctx, weight, own_ctx,
+                             kv, S.top, free_start, S.slow_start, &starts[d], &ends[d]) < 0)
+                goto fail;
+            big[d] = kv_true > dat(S.capacity, d) ? 1.0 : 0.0;
+        }
+        for (Py_ssize_t p = 0; p < P; p++) fp[p] = dat(S.free, p) + dat(pf, p);
+        if (PyErr_Occurred()) goto fail;
+        double *row = grid + i * P * D;
+        for (Py_ssize_t p = 0; p < P; p++) {
+            Py_ssize_t k = iat(S.cls, p);
+            double f = fp[p];
+            double *out = row + p * D;
+            for (Py_ssize_t d = 0; d < D; d++) {
+                if (big[d] != 0.0) {
+                    out[d] = INFINITY;
+                    continue;
+                }
+                double a = f + dat(at(x, d), k);
+                out[d] = (a > starts[d] ? a : starts[d]) + ends[d];
+            }
+        }
+        if (PyErr_Occurred()) goto fail;
+    }
+    PyMem_Free(buf);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+fail:
+    PyMem_Free(buf);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* delta_grid(delta, inv, clip, masked, grid, mask) -> [best, ...]
+ * The env's encoding of a window's Δ (envs.encoding.Encoder.observe): delta is a C-contiguous
+ * float64 (n, P, D) array in seconds (inf: invalid); grid a writable C-contiguous float32
+ * (K, P_max, D_max) array and mask a writable bool array of K * P_max * D_max, n <= K,
+ * P <= P_max, D <= D_max. Every grid entry becomes masked except the finite ones of delta,
+ * which become (float) min(delta * inv, clip); mask is 1 exactly there. Returns each row's
+ * smallest delta (a float; inf when the row has no finite entry). */
+static PyObject *delta_grid(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "delta_grid takes 6 arguments, got %zd", nargs);
+        return NULL;
+    }
+    double inv = num(args[1]), clip = num(args[2]), masked = num(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer dv, gv, mv;
+    int got = 0;
+    PyObject *out = NULL;
+    if (PyObject_GetBuffer(args[0], &dv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) < 0)
+        return NULL;
+    got = 1;
+    if (PyObject_GetBuffer(args[4], &gv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT |
+                           PyBUF_ND) < 0)
+        goto fail;
+    got = 2;
+    if (PyObject_GetBuffer(args[5], &mv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        goto fail;
+    got = 3;
+    if (dv.ndim != 3 || strcmp(dv.format, "d") != 0 || gv.ndim != 3 ||
+        strcmp(gv.format, "f") != 0 || strcmp(mv.format, "?") != 0 ||
+        mv.len != gv.len / (Py_ssize_t)sizeof(float)) {
+        PyErr_SetString(PyExc_ValueError, "delta_grid: delta must be float64 (n, P, D), grid "
+                        "float32 (K, P_max, D_max) and mask bool of K * P_max * D_max");
+        goto fail;
+    }
+    Py_ssize_t n = dv.shape[0], P = dv.shape[1], D = dv.shape[2];
+    Py_ssize_t K = gv.shape[0], PM = gv.shape[1], DM = gv.shape[2];
+    if (n > K || P > PM || D > DM) {
+        PyErr_Format(PyExc_ValueError, "delta_grid: delta (%zd, %zd, %zd) does not fit the grid "
+                     "(%zd, %zd, %zd)", n, P, D, K, PM, DM);
+        goto fail;
+    }
+    const double *src = dv.buf;
+    float *grid = gv.buf;
+    char *mask = mv.buf;
+    float fill = (float)masked;
+    Py_ssize_t total = K * PM * DM;
+    for (Py_ssize_t i = 0; i < total; i++) grid[i] = fill;
+    memset(mask, 0, (size_t)total);
+    out = PyList_New(n);
+    if (out == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double best = INFINITY;
+        for (Py_ssize_t p = 0; p < P; p++) {
+            const double *row = src + (i * P + p) * D;
+            Py_ssize_t at0 = (i * PM + p) * DM;
+            for (Py_ssize_t d = 0; d < D; d++) {
+                double v = row[d];
+                if (v < best) best = v;
+                if (isfinite(v)) {
+                    double scaled = v * inv;
+                    grid[at0 + d] = (float)(scaled < clip ? scaled : clip);
+                    mask[at0 + d] = 1;
+                }
+            }
+        }
+        PyObject *b = PyFloat_FromDouble(best);
+        if (b == NULL) goto fail;
+        PyList_SET_ITEM(out, i, b);
+    }
+    PyBuffer_Release(&dv);
+    PyBuffer_Release(&gv);
+    PyBuffer_Release(&mv);
+    return out;
+fail:
+    Py_XDECREF(out);
+    if (got >= 1) PyBuffer_Release(&dv);
+    if (got >= 2) PyBuffer_Release(&gv);
+    if (got >= 3) PyBuffer_Release(&mv);
+    return NULL;
+}
+
 /* decode_scan(kind, tokens, count, ctx) -> [d, ...]
  * hexagent_gym.placement.decode_scan_python: every decode instance holding a committed call or
  * committed tokens, and of each set of idle twins (equal kind, tokens and context) the first. */
@@ -368,6 +547,11 @@ static PyMethodDef methods[] = {
      "best_prefill_pairs(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static, "
      "batch_top, capacity, slow_start, pfs, xcols, weights, own_ctxs, kvs, kv_trues, slack, "
      "any_full, slots) -> [(p, d, delta)]: best_prefill_pair_one of each call in slots."},
+    {"prefill_grid", (PyCFunction)(void (*)(void))prefill_grid, METH_FASTCALL,
+     "prefill_grid(<best_prefill_pairs' arguments>, out) -> None: prefill_delta_one of each call "
+     "in slots written into out[i] (float64, n x P x D)."},
+    {"delta_grid", (PyCFunction)(void (*)(void))delta_grid, METH_FASTCALL,
+     "delta_grid(delta, inv, clip, masked, grid, mask) -> [row minimum]: the env's Δ encoding."},
     {"prefill_free_times", (PyCFunction)(void (*)(void))prefill_free_times, METH_FASTCALL,
      "prefill_free_times(run_end, now, queued) -> [float]: entities.prefill_free_times."},
     {"decode_scan", (PyCFunction)(void (*)(void))decode_scan, METH_FASTCALL,

@@ -129,6 +129,9 @@ class DecisionPoint:
         if self._delta is None:
             if self.stage == Stage.DECODE and self._scalar_window():
                 delta = self._scalar_decode_delta()
+            elif self.stage == Stage.PREFILL and kernels.prefill_grid is not None:
+                delta = np.full((len(self.calls), self.num_prefill, self.num_decode), np.inf)
+                self.state.prefill_grid(self._kernel_inputs(), self.remaining, delta)
             elif self.stage == Stage.PREFILL and self._remaining == 1:  # one row, no CallBatch
                 slot = self.picked.index(False)
                 call = self.calls[slot]
@@ -166,10 +169,7 @@ class DecisionPoint:
             if self._delta is not None:
                 self._min = self._delta.reshape(len(self.calls), -1).min(axis=1)
             elif self._scalar_window():
-                if self.stage == Stage.PREFILL and kernels.best_prefill_pairs is not None:
-                    self._compiled_pairs()  # every unpicked slot's pair in one compiled call
-                self._min = np.array([self._scalar_pair(i)[2] if not picked else np.inf
-                                      for i, picked in enumerate(self.picked)])
+                self._min = np.array(self.min_delta_values())
             else:
                 reduced = self._reduced_delta()
                 best = reduced.reshape(len(self.calls), -1).min(axis=1)
@@ -177,6 +177,18 @@ class DecisionPoint:
                     best[np.asarray(self.picked)] = np.inf
                 self._min = best
         return self._min
+
+    def min_delta_values(self) -> list[float]:
+        """:attr:`min_delta` as a list of Python floats (the same values), computed without
+        numpy when the window takes the scalar path (cheaper for a policy that ranks a short
+        window in Python); kept until the next pick."""
+        if self._min is not None or self._delta is not None or not self._scalar_window():
+            return self.min_delta.tolist()
+        if self.stage == Stage.PREFILL and kernels.best_prefill_pairs is not None:
+            self._compiled_pairs()  # every unpicked slot's pair in one compiled call
+        inf = np.inf
+        return [self._scalar_pair(i)[2] if not picked else inf
+                for i, picked in enumerate(self.picked)]
 
     def best_pair(self, slot: int) -> tuple[int, int, float]:
         """The valid pair with the smallest Δ for ``slot`` and that Δ (seconds from now).

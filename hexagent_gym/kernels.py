@@ -27,6 +27,14 @@ best_prefill_pairs = None
 """The compiled ``Projections.best_prefill_pair_one_python`` for several calls of one window in
 one call (``Projections.best_prefill_pairs``), or None: the Python rule runs."""
 
+prefill_grid = None
+"""The compiled ``Projections.prefill_delta_one`` for several calls of one window in one call,
+written into a float64 (n, P, D) array (``Projections.prefill_grid``), or None."""
+
+delta_grid = None
+"""The env's encoding of a window's Δ into its fixed-shape grid and joint mask, compiled
+(``envs.encoding.Encoder.observe``'s numpy steps, same values), or None."""
+
 decode_scan = None
 """The compiled ``placement.decode_scan_python`` (arguments: the tables' ``dec_kind`` and the
 decode lists), or None."""
@@ -37,14 +45,16 @@ prefill_free_times = None
 
 def use_compiled(on: bool) -> None:
     """Run the compiled kernels (``on``, if built) or the pure-Python rules from now on."""
-    global best_prefill_pairs, decode_scan, prefill_free_times
+    global best_prefill_pairs, prefill_grid, delta_grid, decode_scan, prefill_free_times
     on = bool(on and AVAILABLE)
     best_prefill_pairs = _compiled.best_prefill_pairs if on else None
+    prefill_grid = _compiled.prefill_grid if on else None
+    delta_grid = _compiled.delta_grid if on else None
     decode_scan = _compiled.decode_scan if on else None
     prefill_free_times = _compiled.prefill_free_times if on else None
 
 
 use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
 
-__all__ = ["AVAILABLE", "best_prefill_pairs", "decode_scan", "prefill_free_times",
-           "use_compiled"]
+__all__ = ["AVAILABLE", "best_prefill_pairs", "decode_scan", "delta_grid", "prefill_free_times",
+           "prefill_grid", "use_compiled"]

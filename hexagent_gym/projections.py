@@ -140,6 +140,19 @@ class Projections:
             self.dec_count_l, self.dec_ctx_l, self.dec_tokens_l, t.dec_static, t.batch_top,
             t.dec_capacity, self.slow_start, *inputs, limits[0], limits[1], slots)
 
+    def prefill_grid(self, inputs: tuple[list, ...], slots: list[int],
+                     out: np.ndarray) -> None:
+        """:meth:`prefill_delta_one` of the window's calls ``slots`` written into ``out[i]``
+        (float64, (n, P, D), C-contiguous) in one compiled call (only with
+        :mod:`hexagent_gym.kernels` built); the other rows are left as they are. ``inputs``: as
+        :meth:`best_prefill_pairs`'."""
+        t = self.tables
+        limits = self.limits()
+        kernels.prefill_grid(
+            self.now, self.free_l, t.pf_members, t.pf_class_list, (), self.dec_count_l,
+            self.dec_ctx_l, self.dec_tokens_l, t.dec_static, t.batch_top, t.dec_capacity,
+            self.slow_start, *inputs, limits[0], limits[1], slots, out)
+
     def best_prefill_pair_one_python(self, call: Call,
                                      pf: list[float]) -> tuple[int, int, float]:
         """:meth:`best_prefill_pair_one` in pure Python: the reference of its compiled twin."""

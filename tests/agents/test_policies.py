@@ -63,6 +63,46 @@ def test_hexagent_risk_ranks_by_elapsed_over_horizon():
     assert risk[0] > risk[1]
 
 
+@pytest.mark.parametrize("cluster,trace,load", [("hetero-1-x4", "bfcl_v3", 1.2),
+                                                ("hetero-1", "mixed", 3.0)])
+def test_hexagent_scalar_ranking_equals_numpy_argmax_at_every_pick(cluster, trace, load):
+    """HexAgent ranks short windows in scalar Python: the slot must be numpy's
+    ``argmax(projected_risk(dp))`` at every multi-call pick of whole episodes."""
+    from agents.hexagent import projected_risk
+    from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+
+    sim = EpisodeFactory(EpisodeConfig(cluster=cluster, trace=trace, num_workflows=120,
+                                       load=load, seed=4)).simulator()
+    pol = HexAgentPolicy()
+    pol.reset(sim)
+    compared = 0
+    dp = sim.run_until_decision()
+    while dp is not None:
+        while not dp.done:
+            if dp.num_remaining > 1 and len(dp.calls) <= pol.one_pass_threshold:
+                assert pol._riskiest(dp) == int(np.argmax(projected_risk(dp)))
+                compared += 1
+            dp.pick(*pol.pick(dp))
+        dp = sim.run_until_decision()
+    assert compared > 30
+
+
+def test_hexagent_scalar_ranking_follows_numpy_on_ties_and_nan():
+    from agents.hexagent import projected_risk
+
+    _, dp = two_call_decision()  # two identical calls: equal risks, the first slot wins
+    pol = HexAgentPolicy()
+    assert pol._riskiest(dp) == 0
+    for c in dp.calls:
+        c.workflow.h_est = 0.0  # zero horizons: risk inf (or NaN) like numpy's division
+    pol._inputs_of = None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expected = int(np.argmax(projected_risk(dp)))
+    dp._batch = None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        assert pol._riskiest(dp) == expected
+
+
 def test_hexagent_one_pass_orders_once_and_places_under_updated_state():
     _, dp = two_call_decision(arrivals=(0.0, -5.0))
     pol = HexAgentPolicy(one_pass_threshold=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from hexagent_gym import kernels
@@ -214,3 +215,66 @@ def test_compiled_prefill_free_times_equal_python():
         assert free(*args) == prefill_free_times_python(*args)
         checked += 1
     assert checked > 100
+
+
+def _prefill_picks(build):
+    """Yield the open prefill decision point before each HexAgent pick of ``build()``'s episode."""
+    sim = build()
+    policy = make_policy("hexagent")
+    policy.reset(sim)
+    dp = sim.run_until_decision()
+    while dp is not None:
+        while not dp.done:
+            if dp.stage == Stage.PREFILL:
+                yield dp
+            dp.pick(*policy.pick(dp))
+        dp = sim.run_until_decision()
+
+
+@pytest.mark.parametrize("build", [
+    *[lambda c=c: EpisodeFactory(EpisodeConfig(**c, seed=1)).simulator() for c in EPISODES],
+    tight_memory_simulator,
+], ids=[f"{c['cluster']}-{c['trace']}" for c in EPISODES] + ["tight-memory"])
+def test_compiled_grid_equals_the_numpy_projection_at_every_pick(build):
+    """The window's Δ tensor from the compiled kernel equals numpy's ``project_prefill`` (picked
+    rows inf) entry for entry, bit for bit, before every prefill pick."""
+    kernels.use_compiled(True)
+    compared = binding = 0
+    for dp in _prefill_picks(build):
+        n, P, D = len(dp.calls), dp.num_prefill, dp.num_decode
+        grid = np.full((n, P, D), np.inf)
+        dp.state.prefill_grid(dp._kernel_inputs(), dp.remaining, grid)
+        ref = dp.state.project_prefill(dp.batch)
+        ref[np.asarray(dp.picked)] = np.inf
+        assert grid.tobytes() == ref.tobytes()
+        assert np.array_equal(dp.delta, ref)  # what the env observes
+        compared += 1
+        binding += any(not dp.state._decode_inputs(dp.calls[i])[3] for i in dp.remaining)
+    assert compared > 20
+    if build is tight_memory_simulator:
+        assert binding > 0  # the slow-start callback ran
+
+
+def test_compiled_grid_by_hand_and_clear_errors():
+    fn = kernels._compiled.prefill_grid
+    with pytest.raises(TypeError, match="takes 22 arguments, got 1"):
+        fn(0.0)
+    # two prefill instances (free at 0 and 0.25 s, one class), one decode instance whose step is
+    # 1.0 s per unit of weight; transfer 0.125 s. Call 0 (weight 1, prefill 0.5 s on both):
+    # Δ = (0 + 0.5 + 0.125) + 1.0 = 1.625 on p0 and 1.875 on p1. Call 1 needs more KV than d0
+    # holds: inf. Row 2 is not asked for and keeps its -1.
+    shared = [0.0, [0.0, 0.25], [[0, 1]], [0, 0], (), [0], [0.0], [0.0],
+              [(100.0, 4, (0.0, 1.0), (0.0, 0.0))], 1, [100.0], None]
+    calls = [[[0.5, 0.5]] * 3, [((0.125,),)] * 3, [1.0, 1.0, 1.0], [1.0, 1.0, 1.0],
+             [1.0, 1.0, 1.0], [1.0, 101.0, 1.0]]
+    out = np.full((3, 2, 1), -1.0)
+    assert fn(*shared, *calls, 50.0, False, [0, 1], out) is None
+    assert out[:, :, 0].tolist() == [[1.625, 1.875], [math.inf, math.inf], [-1.0, -1.0]]
+    with pytest.raises(ValueError, match="out must be float64 of 3 x 2 x 1"):
+        fn(*shared, *calls, 50.0, False, [0], np.zeros((3, 2, 1), dtype=np.float32))
+    with pytest.raises(ValueError, match="out must be float64 of 3 x 2 x 1"):
+        fn(*shared, *calls, 50.0, False, [0], np.zeros((2, 2, 1)))
+    with pytest.raises(BufferError, match="not writable"):
+        fn(*shared, *calls, 50.0, False, [0], b"\0" * 48)
+    with pytest.raises(IndexError, match="prefill_grid: slot 5 out of range"):
+        fn(*shared, *calls, 50.0, False, [5], out)

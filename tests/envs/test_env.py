@@ -26,6 +26,7 @@ from envs.encoding import (
 from envs.pd_cluster_env import CONFIG_KEYS, PDClusterEnv, make_env_fn
 from envs.render import STEP_INFO_KEYS
 from envs.rewards import make_reward, reward_names
+from hexagent_gym import kernels
 from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.config import ConfigError
 from hexagent_gym.decisions import Stage, earliest_finish_pick
@@ -207,9 +208,21 @@ def reference_dynamic_features(env) -> dict[str, np.ndarray]:
     dict(cluster="hetero-1-lowmem", trace="agent_sessions", num_workflows=8, load=3.0, seed=3,
          p_max=10, d_max=9, max_calls_per_decision=4),
 ], ids=["hetero-1", "lowmem-padded"])
-def test_dynamic_features_equal_a_direct_numpy_computation_at_every_step(overrides):
-    # observe() builds these from Python lists (faster at these sizes); every value must be the
-    # one the plain float64 numpy expressions give, at every pick of a whole episode
+@pytest.mark.parametrize("compiled", [True, False], ids=["kernels", "python"])
+def test_dynamic_features_equal_a_direct_numpy_computation_at_every_step(overrides, compiled):
+    # observe() builds these from Python lists and, when built, the compiled Δ encoding; every
+    # value must be the one the plain float64 numpy expressions give, at every pick of a whole
+    # episode, with the kernels and without
+    if compiled and not kernels.AVAILABLE:
+        pytest.skip("the compiled kernels are not built")
+    kernels.use_compiled(compiled)
+    try:
+        _check_dynamic_features(overrides)
+    finally:
+        kernels.use_compiled(True)
+
+
+def _check_dynamic_features(overrides):
     env = hexagent_gym.make(**overrides)
     rng = np.random.default_rng(0)
     obs, _ = env.reset(seed=0)
