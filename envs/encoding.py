@@ -71,6 +71,7 @@ _P_FREE, _P_QUEUE, _P_RUNNING = (PREFILL_FEATURES.index(x)
 _D_KV, _D_COUNT, _D_BATCH, _D_WAITING = (DECODE_FEATURES.index(x) for x in (
     "committed_kv", "committed_count", "batch", "waiting"))
 _G_UNPICKED, _G_PICKS = GLOBAL_FEATURES.index("unpicked"), GLOBAL_FEATURES.index("picks")
+_DYNAMIC_COLS = (_C_PICKED, _C_MIN, _C_RISK, _P_FREE, _D_KV, _D_COUNT)  # observe_columns' order
 
 
 def _tok(x: float) -> float:
@@ -275,20 +276,25 @@ class Encoder:
             best = self._delta_grid(delta, grid, mask)
 
         calls = self._calls.copy()
-        calls[:n, _C_PICKED] = dp.picked
-        calls[:n, _C_MIN] = [min(b * inv, CLIP) for b in best]
-        calls[:n, _C_RISK] = [min((a + b) / h, CLIP)
-                              for a, b, h in zip(self._age, best, self._h_est, strict=True)]
-
         state = dp.state
         now = dp.now
         pre = self._prefill.copy()
-        pre[:P, _P_FREE] = [min((f - now) * inv, CLIP) for f in state.free_l]  # Ŝ free >= now
         dec = self._decode.copy()
-        dec[:D, _D_KV] = [min(x / c, CLIP) for x, c in zip(state.dec_tokens_l, self._capacity,
-                                                             strict=True)]
-        dec[:D, _D_COUNT] = [min(x / m, CLIP) for x, m in zip(state.dec_count_l, self._max_batch,
-                                                              strict=True)]
+        if kernels.observe_columns is not None:
+            kernels.observe_columns(calls, dp.picked, best, self._age, self._h_est, pre,
+                                    state.free_l, dec, state.dec_tokens_l, state.dec_count_l,
+                                    self._capacity, self._max_batch, inv, CLIP, now,
+                                    _DYNAMIC_COLS)
+        else:
+            calls[:n, _C_PICKED] = dp.picked
+            calls[:n, _C_MIN] = [min(b * inv, CLIP) for b in best]
+            calls[:n, _C_RISK] = [min((a + b) / h, CLIP)
+                                  for a, b, h in zip(self._age, best, self._h_est, strict=True)]
+            pre[:P, _P_FREE] = [min((f - now) * inv, CLIP) for f in state.free_l]  # free >= now
+            dec[:D, _D_KV] = [min(x / c, CLIP)
+                              for x, c in zip(state.dec_tokens_l, self._capacity, strict=True)]
+            dec[:D, _D_COUNT] = [min(x / m, CLIP)
+                                 for x, m in zip(state.dec_count_l, self._max_batch, strict=True)]
         glob = self._globals.copy()
         picks = len(dp.plan)
         glob[_G_UNPICKED] = (n - picks) / self.k

@@ -445,6 +445,135 @@ fail:
     return NULL;
 }
 
+/* decode_limits(capacity, tokens, count, max_batch) -> (slack, any_full)
+ * PlanState._decode_limits_python: (min(capacity[d] - tokens[d]), any(count[d] >= max_batch[d]))
+ * over the decode instances (slack inf with none). */
+static PyObject *decode_limits(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "decode_limits takes 4 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *cap = args[0], *tokens = args[1], *count = args[2], *top = args[3];
+    if (!is_seq(cap, "capacity") || !is_seq(tokens, "tokens") || !is_seq(count, "count") ||
+        !is_seq(top, "max_batch"))
+        return NULL;
+    Py_ssize_t D = Py_SIZE(cap);
+    if (Py_SIZE(tokens) != D || Py_SIZE(count) != D || Py_SIZE(top) != D) {
+        PyErr_SetString(PyExc_ValueError, "decode_limits: inconsistent sizes");
+        return NULL;
+    }
+    double slack = INFINITY;
+    int full = 0;
+    for (Py_ssize_t d = 0; d < D; d++) {
+        double s = dat(cap, d) - dat(tokens, d);
+        if (d == 0 || s < slack) slack = s; /* min() keeps the first of equal values */
+        if (!full && dat(count, d) >= dat(top, d)) full = 1;
+    }
+    if (PyErr_Occurred()) return NULL;
+    return Py_BuildValue("(dO)", slack, full ? Py_True : Py_False);
+}
+
+/* A writable C-contiguous float32 2-D buffer: rows, columns and data. */
+static int f32_matrix(PyObject *o, Py_buffer *v, const char *name) {
+    if (PyObject_GetBuffer(o, v, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND)
+        < 0)
+        return -1;
+    if (v->ndim != 2 || strcmp(v->format, "f") != 0) {
+        PyErr_Format(PyExc_ValueError, "%s must be a 2-D float32 array", name);
+        PyBuffer_Release(v);
+        return -1;
+    }
+    return 0;
+}
+
+static inline float clipped(double x, double clip) { return (float)(clip < x ? clip : x); }
+
+/* observe_columns(calls, picked, best, age, h_est, prefill, free, decode, tokens, count,
+ *                 capacity, max_batch, inv, clip, now, cols) -> None
+ * The per-step columns of envs.encoding.Encoder.observe, written in place (float64 arithmetic,
+ * then float32, as the Python lists assigned into the arrays): for each slot i of picked,
+ * calls[i, cols[0]] = picked[i], calls[i, cols[1]] = min(best[i] * inv, clip) and
+ * calls[i, cols[2]] = min((age[i] + best[i]) / h_est[i], clip); for each prefill instance p,
+ * prefill[p, cols[3]] = min((free[p] - now) * inv, clip); for each decode instance d,
+ * decode[d, cols[4]] = min(tokens[d] / capacity[d], clip) and
+ * decode[d, cols[5]] = min(count[d] / max_batch[d], clip). min(x, clip) is Python's: x unless
+ * clip < x. */
+static PyObject *observe_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 16) {
+        PyErr_Format(PyExc_TypeError, "observe_columns takes 16 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *picked = args[1], *best = args[2], *age = args[3], *h_est = args[4];
+    PyObject *free = args[6], *tokens = args[8], *count = args[9], *cap = args[10];
+    PyObject *top = args[11], *cols = args[15];
+    double inv = num(args[12]), clip = num(args[13]), now = num(args[14]);
+    if (PyErr_Occurred() || !is_seq(picked, "picked") || !is_seq(best, "best") ||
+        !is_seq(age, "age") || !is_seq(h_est, "h_est") || !is_seq(free, "free") ||
+        !is_seq(tokens, "tokens") || !is_seq(count, "count") || !is_seq(cap, "capacity") ||
+        !is_seq(top, "max_batch") || !is_seq(cols, "cols"))
+        return NULL;
+    Py_ssize_t n = Py_SIZE(picked), P = Py_SIZE(free), D = Py_SIZE(tokens);
+    if (Py_SIZE(best) != n || Py_SIZE(age) != n || Py_SIZE(h_est) != n || Py_SIZE(count) != D ||
+        Py_SIZE(cap) != D || Py_SIZE(top) != D || Py_SIZE(cols) != 6) {
+        PyErr_SetString(PyExc_ValueError, "observe_columns: inconsistent sizes");
+        return NULL;
+    }
+    Py_ssize_t c[6];
+    for (int j = 0; j < 6; j++) c[j] = iat(cols, j);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer cv, pv, dv;
+    if (f32_matrix(args[0], &cv, "calls") < 0) return NULL;
+    if (f32_matrix(args[5], &pv, "prefill") < 0) {
+        PyBuffer_Release(&cv);
+        return NULL;
+    }
+    if (f32_matrix(args[7], &dv, "decode") < 0) {
+        PyBuffer_Release(&cv);
+        PyBuffer_Release(&pv);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t cw = cv.shape[1], pw = pv.shape[1], dw = dv.shape[1];
+    if (n > cv.shape[0] || P > pv.shape[0] || D > dv.shape[0] || c[0] < 0 || c[1] < 0 ||
+        c[2] < 0 || c[0] >= cw || c[1] >= cw || c[2] >= cw || c[3] < 0 || c[3] >= pw ||
+        c[4] < 0 || c[5] < 0 || c[4] >= dw || c[5] >= dw) {
+        PyErr_SetString(PyExc_ValueError, "observe_columns: rows or columns out of range");
+        goto done;
+    }
+    float *calls = cv.buf, *pre = pv.buf, *dec = dv.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int is = PyObject_IsTrue(at(picked, i));
+        double b = dat(best, i), h = dat(h_est, i), a = dat(age, i);
+        if (is < 0 || PyErr_Occurred()) goto done;
+        if (h == 0.0) {
+            PyErr_SetString(PyExc_ZeroDivisionError, "observe_columns: h_est is 0");
+            goto done;
+        }
+        float *row = calls + i * cw;
+        row[c[0]] = is ? 1.0f : 0.0f;
+        row[c[1]] = clipped(b * inv, clip);
+        row[c[2]] = clipped((a + b) / h, clip);
+    }
+    for (Py_ssize_t p = 0; p < P; p++) pre[p * pw + c[3]] = clipped((dat(free, p) - now) * inv, clip);
+    for (Py_ssize_t d = 0; d < D; d++) {
+        double cp = dat(cap, d), mb = dat(top, d);
+        if (cp == 0.0 || mb == 0.0) {
+            PyErr_SetString(PyExc_ZeroDivisionError, "observe_columns: a capacity is 0");
+            goto done;
+        }
+        dec[d * dw + c[4]] = clipped(dat(tokens, d) / cp, clip);
+        dec[d * dw + c[5]] = clipped(dat(count, d) / mb, clip);
+    }
+    if (PyErr_Occurred()) goto done;
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&cv);
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&dv);
+    return result;
+}
+
 /* decode_scan(kind, tokens, count, ctx) -> [d, ...]
  * hexagent_gym.placement.decode_scan_python: every decode instance holding a committed call or
  * committed tokens, and of each set of idle twins (equal kind, tokens and context) the first. */
@@ -552,6 +681,12 @@ static PyMethodDef methods[] = {
      "in slots written into out[i] (float64, n x P x D)."},
     {"delta_grid", (PyCFunction)(void (*)(void))delta_grid, METH_FASTCALL,
      "delta_grid(delta, inv, clip, masked, grid, mask) -> [row minimum]: the env's Δ encoding."},
+    {"decode_limits", (PyCFunction)(void (*)(void))decode_limits, METH_FASTCALL,
+     "decode_limits(capacity, tokens, count, max_batch) -> (slack, any_full): "
+     "PlanState._decode_limits."},
+    {"observe_columns", (PyCFunction)(void (*)(void))observe_columns, METH_FASTCALL,
+     "observe_columns(calls, picked, best, age, h_est, prefill, free, decode, tokens, count, "
+     "capacity, max_batch, inv, clip, now, cols) -> None: the env's per-step columns."},
     {"prefill_free_times", (PyCFunction)(void (*)(void))prefill_free_times, METH_FASTCALL,
      "prefill_free_times(run_end, now, queued) -> [float]: entities.prefill_free_times."},
     {"decode_scan", (PyCFunction)(void (*)(void))decode_scan, METH_FASTCALL,

@@ -42,19 +42,29 @@ decode lists), or None."""
 prefill_free_times = None
 """The compiled ``entities.prefill_free_times_python``, or None."""
 
+decode_limits = None
+"""The compiled ``plan_state.decode_limits_python``, or None."""
+
+observe_columns = None
+"""The env observation's per-step columns (min Δ, risk, Ŝ's free times and decode loads),
+compiled (``envs.encoding.Encoder.observe``'s Python lists, same values), or None."""
+
 
 def use_compiled(on: bool) -> None:
     """Run the compiled kernels (``on``, if built) or the pure-Python rules from now on."""
     global best_prefill_pairs, prefill_grid, delta_grid, decode_scan, prefill_free_times
+    global decode_limits, observe_columns
     on = bool(on and AVAILABLE)
     best_prefill_pairs = _compiled.best_prefill_pairs if on else None
     prefill_grid = _compiled.prefill_grid if on else None
     delta_grid = _compiled.delta_grid if on else None
     decode_scan = _compiled.decode_scan if on else None
     prefill_free_times = _compiled.prefill_free_times if on else None
+    decode_limits = _compiled.decode_limits if on else None
+    observe_columns = _compiled.observe_columns if on else None
 
 
 use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
 
-__all__ = ["AVAILABLE", "best_prefill_pairs", "decode_scan", "delta_grid", "prefill_free_times",
-           "prefill_grid", "use_compiled"]
+__all__ = ["AVAILABLE", "best_prefill_pairs", "decode_limits", "decode_scan", "delta_grid",
+           "observe_columns", "prefill_free_times", "prefill_grid", "use_compiled"]

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hexagent_gym import kernels
 from hexagent_gym.cluster_tables import INF
 from hexagent_gym.entities import prefill_free_times
 from hexagent_gym.placement import decode_scan, earliest_pair
@@ -137,8 +138,11 @@ class PlanState(Projections):
         that no decode limit can bind, kept current by commits (they only shrink the slack and
         fill batches). Same floats as ``capacity − dec_tokens``."""
         t = self.tables
-        return (min(map(sub, t.dec_capacity, self.dec_tokens_l)),
-                any(map(ge, self.dec_count_l, t.max_batch_list)))
+        if kernels.decode_limits is not None:
+            return kernels.decode_limits(t.dec_capacity, self.dec_tokens_l, self.dec_count_l,
+                                         t.max_batch_list)
+        return decode_limits_python(t.dec_capacity, self.dec_tokens_l, self.dec_count_l,
+                                    t.max_batch_list)
 
     def slow_start(self, d: int, need: float, over: int) -> float:
         """Scalar ``decode_starts`` for one call on a decode instance whose limits bind."""
@@ -271,6 +275,13 @@ class PlanState(Projections):
         rel.sort()
         self._releases[d] = rel
         return rel
+
+
+def decode_limits_python(capacity: list[float], tokens: list[float], count: list[int],
+                         max_batch: list[int]) -> tuple[float, bool]:
+    """(smallest ``capacity − tokens``, whether any ``count ≥ max_batch``) over the decode
+    instances: the reference of the compiled ``decode_limits``."""
+    return min(map(sub, capacity, tokens)), any(map(ge, count, max_batch))
 
 
 def snapshot(tables: ClusterTables, now: float, loads: SchedulerLoads,

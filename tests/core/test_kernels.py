@@ -278,3 +278,54 @@ def test_compiled_grid_by_hand_and_clear_errors():
         fn(*shared, *calls, 50.0, False, [0], b"\0" * 48)
     with pytest.raises(IndexError, match="prefill_grid: slot 5 out of range"):
         fn(*shared, *calls, 50.0, False, [5], out)
+
+
+def test_compiled_decode_limits_equal_python():
+    from hexagent_gym.plan_state import decode_limits_python
+
+    limits = kernels._compiled.decode_limits
+    # slack: the smallest capacity - tokens (-0.0 and 0.0 tie: the first is kept, as min does);
+    # a batch at its limit makes any_full True
+    cases = [([100.0, 50.0], [20.0, 50.0], [1, 3], [4, 4]),
+             ([10.0, 10.0], [10.0, 10.0], [0, 4], [4, 4]),
+             ([10.0], [-0.0], [0], [2])]
+    for args in cases:
+        fast, slow = limits(*args), decode_limits_python(*args)
+        assert fast == slow and [type(x) for x in fast] == [type(x) for x in slow]
+        assert math.copysign(1.0, fast[0]) == math.copysign(1.0, slow[0])
+    assert limits(*cases[0]) == (0.0, False) and limits(*cases[1]) == (0.0, True)
+    with pytest.raises(ValueError, match="decode_limits: inconsistent sizes"):
+        limits([1.0], [0.0, 0.0], [0], [1])
+    checked = tight = 0
+    for dp in _prefill_picks(tight_memory_simulator):  # reservations bind there
+        st = dp.state
+        args = (st.tables.dec_capacity, st.dec_tokens_l, st.dec_count_l, st.tables.max_batch_list)
+        assert limits(*args) == decode_limits_python(*args)
+        checked += 1
+        tight += limits(*args)[0] < 1000.0
+    assert checked > 10 and tight > 0
+
+
+def test_compiled_observe_columns_by_hand_and_clear_errors():
+    fn = kernels._compiled.observe_columns
+    calls = np.zeros((3, 4), dtype=np.float32)
+    pre = np.zeros((2, 3), dtype=np.float32)
+    dec = np.zeros((2, 3), dtype=np.float32)
+    # slot 0 picked (best inf: min and risk clip to 100); slot 1: best 2 s, age 1 s, horizon 4 s
+    fn(calls, [True, False], [math.inf, 2.0], [0.0, 1.0], [1.0, 4.0], pre, [5.0, 3.0], dec,
+       [50.0, 0.0], [1, 0], [100.0, 10.0], [4.0, 4.0], 0.5, 100.0, 3.0, (0, 1, 2, 1, 0, 2))
+    assert calls[:2, :3].tolist() == [[1.0, 100.0, 100.0], [0.0, 1.0, 0.75]]
+    assert calls[2].tolist() == [0.0] * 4  # rows beyond the window are untouched
+    assert pre[:, 1].tolist() == [1.0, 0.0]
+    assert dec[:, 0].tolist() == [0.5, 0.0] and dec[:, 2].tolist() == [0.25, 0.0]
+    with pytest.raises(TypeError, match="takes 16 arguments"):
+        fn(calls)
+    with pytest.raises(ValueError, match="calls must be a 2-D float32 array"):
+        fn(calls.astype(np.float64), [], [], [], [], pre, [], dec, [], [], [], [], 1.0, 100.0,
+           0.0, (0, 1, 2, 1, 0, 2))
+    with pytest.raises(ValueError, match="rows or columns out of range"):
+        fn(calls, [], [], [], [], pre, [], dec, [], [], [], [], 1.0, 100.0, 0.0,
+           (0, 1, 9, 1, 0, 2))
+    with pytest.raises(ValueError, match="observe_columns: inconsistent sizes"):
+        fn(calls, [True], [], [], [], pre, [], dec, [], [], [], [], 1.0, 100.0, 0.0,
+           (0, 1, 2, 1, 0, 2))
