@@ -40,106 +40,204 @@ static int cmp_ssize(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* decode_terms / decode_end of hexagent_gym.placement for decode instance d: sets *start and
- * *end; returns -1 with an exception set when slow_start fails. */
-static int decode_terms(PyObject *dec_static, Py_ssize_t d, double now, PyObject *tokens,
-                        PyObject *count, PyObject *ctx, double weight, double own_ctx, double kv,
-                        Py_ssize_t top, int free_start, PyObject *slow_start, double *start,
-                        double *end) {
-    PyObject *row = at(dec_static, d); /* (capacity, max_batch, base_row, slope_row) */
-    PyObject *base_row = at(row, 2), *slope_row = at(row, 3);
-    Py_ssize_t n = iat(count, d);
-    Py_ssize_t b = n < top ? n + 1 : top;
-    double slope = dat(slope_row, b);
-    *end = weight * ((dat(base_row, b) + slope * dat(ctx, d)) + slope * own_ctx) - now;
+/* What every call of one Ŝ shares, read once per kernel call into C arrays: the prefill free
+ * times and classes, the decode lists with each instance's call-independent decode terms, the
+ * scan. */
+typedef struct {
+    double now;
+    PyObject *slow_start;
+    Py_ssize_t K, D, P, nscan;
+    double *free;      /* P: Ŝ's prefill free times */
+    double *bc, *sl;   /* D: base[b] + slope[b] * ctx[d] and slope[b], b the batch-size column */
+    double *cap;       /* D: the capacity of dec_static (the start test's) */
+    double *room;      /* D: cap - tokens[d] */
+    double *capacity;  /* D: capacity (the fit test's) */
+    Py_ssize_t *cnt, *maxb, *scan, *cls, *mem, *mem_start; /* D, D, nscan, P, P, K + 1 */
+    void *block;
+} Shared;
+
+static void shared_free(Shared *S) {
+    PyMem_Free(S->block);
+    S->block = NULL;
+}
+
+/* args: now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static, batch_top,
+ * capacity, slow_start. Fills S (free it with shared_free); -1 with an exception on failure. */
+static int shared_from(Shared *S, PyObject *const *args, const char *fn) {
+    S->block = NULL;
+    S->now = num(args[0]);
+    PyObject *free = args[1], *members = args[2], *cls = args[3], *scan = args[4];
+    PyObject *count = args[5], *ctx = args[6], *tokens = args[7], *dec_static = args[8];
+    Py_ssize_t top = PyLong_AsSsize_t(args[9]);
+    PyObject *capacity = args[10];
+    S->slow_start = args[11];
+    if (PyErr_Occurred()) return -1;
+    if (!is_seq(free, "free") || !is_seq(members, "pf_members") || !is_seq(cls, "pf_class") ||
+        !is_seq(scan, "scan") || !is_seq(count, "count") || !is_seq(ctx, "ctx") ||
+        !is_seq(tokens, "tokens") || !is_seq(dec_static, "dec_static") ||
+        !is_seq(capacity, "capacity"))
+        return -1;
+    Py_ssize_t K = Py_SIZE(members), D = Py_SIZE(capacity), P = Py_SIZE(free);
+    Py_ssize_t nscan = Py_SIZE(scan);
+    S->K = K, S->D = D, S->P = P, S->nscan = nscan;
+    if (Py_SIZE(count) != D || Py_SIZE(ctx) != D || Py_SIZE(tokens) != D ||
+        Py_SIZE(dec_static) != D || Py_SIZE(cls) != P) {
+        PyErr_Format(PyExc_ValueError, "%s: inconsistent sizes", fn);
+        return -1;
+    }
+    size_t nd = (size_t)(P + 6 * D), ni = (size_t)(2 * D + nscan + 2 * P + K + 1);
+    S->block = PyMem_Malloc(sizeof(double) * nd + sizeof(Py_ssize_t) * ni + 1);
+    if (S->block == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    double *f = S->block;
+    S->free = f, S->bc = f + P, S->sl = f + P + D, S->cap = f + P + 2 * D;
+    S->room = f + P + 3 * D, S->capacity = f + P + 4 * D;
+    Py_ssize_t *ix = (Py_ssize_t *)(f + nd);
+    S->cnt = ix, S->maxb = ix + D, S->scan = ix + 2 * D, S->cls = ix + 2 * D + nscan;
+    S->mem = S->cls + P, S->mem_start = S->mem + P;
+    for (Py_ssize_t p = 0; p < P; p++) {
+        S->free[p] = dat(free, p);
+        S->cls[p] = iat(cls, p);
+    }
+    Py_ssize_t nm = 0;
+    for (Py_ssize_t k = 0; k < K; k++) {
+        PyObject *m = at(members, k);
+        if (!is_seq(m, "pf_members[k]")) goto fail;
+        if (Py_SIZE(m) < 1 || nm + Py_SIZE(m) > P) {
+            PyErr_Format(PyExc_ValueError, "%s: pf_members must split the prefill instances", fn);
+            goto fail;
+        }
+        S->mem_start[k] = nm;
+        for (Py_ssize_t j = 0; j < Py_SIZE(m); j++) {
+            Py_ssize_t p = iat(m, j);
+            if (p < 0 || p >= P) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_ValueError, "%s: member %zd out of range", fn, p);
+                goto fail;
+            }
+            S->mem[nm++] = p;
+        }
+    }
+    S->mem_start[K] = nm;
+    for (Py_ssize_t d = 0; d < D; d++) {
+        PyObject *row = at(dec_static, d); /* (capacity, max_batch, base_row, slope_row) */
+        if (!is_seq(row, "dec_static[d]")) goto fail;
+        PyObject *base_row = at(row, 2), *slope_row = at(row, 3);
+        Py_ssize_t n = iat(count, d);
+        Py_ssize_t b = n < top ? n + 1 : top;
+        double slope = dat(slope_row, b);
+        /* decode_terms' end, less the call's terms: weight * ((base + slope * ctx[d]) + ...) */
+        S->bc[d] = dat(base_row, b) + slope * dat(ctx, d);
+        S->sl[d] = slope;
+        S->cap[d] = dat(row, 0);
+        S->room[d] = S->cap[d] - dat(tokens, d);
+        S->capacity[d] = dat(capacity, d);
+        S->cnt[d] = n;
+        S->maxb[d] = iat(row, 1);
+    }
+    for (Py_ssize_t j = 0; j < nscan; j++) {
+        Py_ssize_t d = iat(scan, j);
+        if (d < 0 || d >= D) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: scan entry %zd", fn, d);
+            goto fail;
+        }
+        S->scan[j] = d;
+    }
+    if (PyErr_Occurred()) goto fail;
+    return 0;
+fail:
+    shared_free(S);
+    return -1;
+}
+
+/* decode_terms / decode_end of hexagent_gym.placement for decode instance d and one call:
+ * sets *start and *end; -1 with an exception set when slow_start fails. */
+static int decode_terms(const Shared *S, Py_ssize_t d, double weight, double own_ctx, double kv,
+                        int free_start, double *start, double *end) {
+    double now = S->now;
+    *end = weight * (S->bc[d] + S->sl[d] * own_ctx) - now;
     if (free_start) {
         *start = now;
         return 0;
     }
-    double cap = dat(row, 0);
-    Py_ssize_t max_batch = iat(row, 1);
-    double need = (kv < cap ? kv : cap) - (cap - dat(tokens, d));
+    double cap = S->cap[d];
+    double need = (kv < cap ? kv : cap) - S->room[d];
+    Py_ssize_t n = S->cnt[d], max_batch = S->maxb[d];
     if (need <= 0.0 && n < max_batch) {
         *start = now;
         return 0;
     }
-    PyObject *r = PyObject_CallFunction(slow_start, "ndn", d, need, n - max_batch + 1);
+    PyObject *r = PyObject_CallFunction(S->slow_start, "ndn", d, need, n - max_batch + 1);
     if (r == NULL) return -1;
     *start = num(r);
     Py_DECREF(r);
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* What every call of one Ŝ shares: the decode lists, the cluster's tables, the scan. */
-typedef struct {
-    double now;
-    PyObject *free, *members, *cls, *scan, *count, *ctx, *tokens, *dec_static, *capacity;
-    PyObject *slow_start;
-    Py_ssize_t top, K, D, P;
-} Shared;
-
-static int shared_from(Shared *S, PyObject *const *args, const char *fn) {
-    /* args: now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static, batch_top,
-     * capacity, slow_start */
-    S->now = num(args[0]);
-    S->free = args[1], S->members = args[2], S->cls = args[3], S->scan = args[4];
-    S->count = args[5], S->ctx = args[6], S->tokens = args[7], S->dec_static = args[8];
-    S->top = PyLong_AsSsize_t(args[9]);
-    S->capacity = args[10], S->slow_start = args[11];
-    if (PyErr_Occurred()) return -1;
-    if (!is_seq(S->free, "free") || !is_seq(S->members, "pf_members") ||
-        !is_seq(S->cls, "pf_class") || !is_seq(S->scan, "scan") || !is_seq(S->count, "count") ||
-        !is_seq(S->ctx, "ctx") || !is_seq(S->tokens, "tokens") ||
-        !is_seq(S->dec_static, "dec_static") || !is_seq(S->capacity, "capacity"))
-        return -1;
-    S->K = Py_SIZE(S->members), S->D = Py_SIZE(S->capacity), S->P = Py_SIZE(S->free);
-    if (Py_SIZE(S->count) != S->D || Py_SIZE(S->ctx) != S->D || Py_SIZE(S->tokens) != S->D ||
-        Py_SIZE(S->dec_static) != S->D || Py_SIZE(S->cls) != S->P) {
-        PyErr_Format(PyExc_ValueError, "%s: inconsistent sizes", fn);
+/* A call's transfer columns xcols[d][k] as one D x K C array (row-major); -1 on failure. */
+static int read_xcols(const Shared *S, PyObject *xcols, double *x) {
+    if (!is_seq(xcols, "xcols")) return -1;
+    if (Py_SIZE(xcols) != S->D) {
+        PyErr_SetString(PyExc_ValueError, "xcols: one row per decode instance expected");
         return -1;
     }
-    return 0;
+    for (Py_ssize_t d = 0; d < S->D; d++) {
+        PyObject *row = at(xcols, d);
+        if (!is_seq(row, "xcols[d]")) return -1;
+        if (Py_SIZE(row) != S->K) {
+            PyErr_SetString(PyExc_ValueError, "xcols: one entry per prefill class expected");
+            return -1;
+        }
+        for (Py_ssize_t k = 0; k < S->K; k++) x[d * S->K + k] = dat(row, k);
+    }
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* A call's prefill seconds per instance added to Ŝ's free times: fp[p] = free[p] + pf[p]. */
+static int read_fp(const Shared *S, PyObject *pf, double *fp) {
+    if (!is_seq(pf, "pf")) return -1;
+    if (Py_SIZE(pf) != S->P) {
+        PyErr_SetString(PyExc_ValueError, "pf: one entry per prefill instance expected");
+        return -1;
+    }
+    for (Py_ssize_t p = 0; p < S->P; p++) fp[p] = S->free[p] + dat(pf, p);
+    return PyErr_Occurred() ? -1 : 0;
 }
 
 /* Projections.best_prefill_pair_one_python for one call (its prefill seconds pf, its transfer
  * columns xcols, its decode inputs): sets *op, *od, *obest; -1 with an exception on failure.
- * buf holds K + 2D + P doubles, ibuf D + P + K indices. */
+ * buf holds K + 2D + P + D·K doubles, ibuf D + P + K indices. */
 static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, double weight,
                          double own_ctx, double kv, double kv_true, int free_start, double *buf,
                          Py_ssize_t *ibuf, Py_ssize_t *op, Py_ssize_t *od, double *obest) {
     Py_ssize_t K = S->K, D = S->D, P = S->P;
-    if (!is_seq(pf, "pf") || !is_seq(xcols, "xcols")) return -1;
-    if (Py_SIZE(pf) != P || Py_SIZE(xcols) != D) {
-        PyErr_SetString(PyExc_ValueError, "best_prefill_pairs: inconsistent sizes");
-        return -1;
-    }
     double *ready = buf, *starts = buf + K, *ends = buf + K + D, *fp = buf + K + 2 * D;
+    double *x = fp + P;
     Py_ssize_t *cols = ibuf, *plist = ibuf + D, *reach = ibuf + D + P;
-    for (Py_ssize_t p = 0; p < P; p++) fp[p] = dat(S->free, p) + dat(pf, p); /* free + pf */
+    if (read_fp(S, pf, fp) < 0 || read_xcols(S, xcols, x) < 0) return -1;
     /* each class's best member: min(fp[p] for p in members[k]) */
     for (Py_ssize_t k = 0; k < K; k++) {
-        PyObject *m = at(S->members, k);
-        Py_ssize_t nm = Py_SIZE(m);
-        double r = fp[iat(m, 0)];
-        for (Py_ssize_t j = 1; j < nm; j++) {
-            double v = fp[iat(m, j)];
+        Py_ssize_t j = S->mem_start[k], stop = S->mem_start[k + 1];
+        double r = fp[S->mem[j]];
+        for (j++; j < stop; j++) {
+            double v = fp[S->mem[j]];
             if (v < r) r = v;
         }
         ready[k] = r;
     }
     double best = INFINITY;
-    Py_ssize_t ncols = 0, nscan = Py_SIZE(S->scan);
-    for (Py_ssize_t s = 0; s < nscan; s++) {
-        Py_ssize_t d = iat(S->scan, s);
-        if (kv_true > dat(S->capacity, d)) continue;
+    Py_ssize_t ncols = 0;
+    for (Py_ssize_t s = 0; s < S->nscan; s++) {
+        Py_ssize_t d = S->scan[s];
+        if (kv_true > S->capacity[d]) continue;
         double start, end;
-        if (decode_terms(S->dec_static, d, S->now, S->tokens, S->count, S->ctx, weight, own_ctx,
-                         kv, S->top, free_start, S->slow_start, &start, &end) < 0)
-            return -1;
-        PyObject *x = at(xcols, d);
+        if (decode_terms(S, d, weight, own_ctx, kv, free_start, &start, &end) < 0) return -1;
+        const double *xd = x + d * K;
         double col = INFINITY;
         for (Py_ssize_t k = 0; k < K; k++) {
-            double a = ready[k] + dat(x, k);
+            double a = ready[k] + xd[k];
             double v = (a > start ? a : start) + end;
             if (v < col) col = v;
         }
@@ -153,7 +251,6 @@ static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, double 
         starts[d] = start;
         ends[d] = end;
     }
-    if (PyErr_Occurred()) return -1;
     *obest = best;
     if (best == INFINITY) { /* no valid pair: argmin of an all-inf row */
         *op = *od = 0;
@@ -164,7 +261,7 @@ static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, double 
     for (Py_ssize_t k = 0; k < K; k++) {
         for (Py_ssize_t j = 0; j < ncols; j++) {
             Py_ssize_t d = cols[j];
-            double a = ready[k] + dat(at(xcols, d), k);
+            double a = ready[k] + x[d * K + k];
             if ((a > starts[d] ? a : starts[d]) + ends[d] == best) {
                 reach[nreach++] = k;
                 break;
@@ -172,31 +269,29 @@ static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, double 
         }
     }
     Py_ssize_t nmem = 0;
-    for (Py_ssize_t r = 0; r < nreach; r++) {
-        PyObject *m = at(S->members, reach[r]);
-        for (Py_ssize_t j = 0; j < Py_SIZE(m); j++) plist[nmem++] = iat(m, j);
-    }
+    for (Py_ssize_t r = 0; r < nreach; r++)
+        for (Py_ssize_t j = S->mem_start[reach[r]]; j < S->mem_start[reach[r] + 1]; j++)
+            plist[nmem++] = S->mem[j];
     if (nreach > 1) qsort(plist, (size_t)nmem, sizeof(Py_ssize_t), cmp_ssize);
     for (Py_ssize_t i = 0; i < nmem; i++) {
         Py_ssize_t p = plist[i];
         double f = fp[p];
-        Py_ssize_t k = iat(S->cls, p);
+        Py_ssize_t k = S->cls[p];
         for (Py_ssize_t j = 0; j < ncols; j++) {
             Py_ssize_t d = cols[j];
-            double a = f + dat(at(xcols, d), k);
+            double a = f + x[d * K + k];
             if ((a > starts[d] ? a : starts[d]) + ends[d] == best) {
                 *op = p, *od = d;
                 return 0;
             }
         }
     }
-    if (!PyErr_Occurred())
-        PyErr_SetString(PyExc_AssertionError, "the minimum is reached by some pair");
+    PyErr_SetString(PyExc_AssertionError, "the minimum is reached by some pair");
     return -1;
 }
 
 static int alloc_buffers(const Shared *S, double **buf, Py_ssize_t **ibuf) {
-    *buf = PyMem_Malloc(sizeof(double) * (size_t)(S->K + 2 * S->D + S->P) + 1);
+    *buf = PyMem_Malloc(sizeof(double) * (size_t)(S->K + 2 * S->D + S->P + S->D * S->K) + 1);
     *ibuf = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(S->D + S->P + S->K) + 1);
     if (*buf == NULL || *ibuf == NULL) {
         PyMem_Free(*buf);
@@ -219,8 +314,6 @@ static PyObject *best_prefill_pairs(PyObject *self, PyObject *const *args, Py_ss
         PyErr_Format(PyExc_TypeError, "best_prefill_pairs takes 21 arguments, got %zd", nargs);
         return NULL;
     }
-    Shared S;
-    if (shared_from(&S, args, "best_prefill_pairs") < 0) return NULL;
     PyObject *pfs = args[12], *xcols = args[13], *weights = args[14], *own = args[15];
     PyObject *kvs = args[16], *kv_trues = args[17], *slots = args[20];
     double slack = num(args[18]);
@@ -236,10 +329,13 @@ static PyObject *best_prefill_pairs(PyObject *self, PyObject *const *args, Py_ss
         PyErr_SetString(PyExc_ValueError, "best_prefill_pairs: per-call lists differ in length");
         return NULL;
     }
-    double *buf;
-    Py_ssize_t *ibuf;
-    if (alloc_buffers(&S, &buf, &ibuf) < 0) return NULL;
-    PyObject *out = PyList_New(m);
+    Shared S;
+    if (shared_from(&S, args, "best_prefill_pairs") < 0) return NULL;
+    double *buf = NULL;
+    Py_ssize_t *ibuf = NULL;
+    PyObject *out = NULL;
+    if (alloc_buffers(&S, &buf, &ibuf) < 0) goto fail;
+    out = PyList_New(m);
     if (out == NULL) goto fail;
     for (Py_ssize_t j = 0; j < m; j++) {
         Py_ssize_t i = iat(slots, j), p, d;
@@ -250,8 +346,10 @@ static PyObject *best_prefill_pairs(PyObject *self, PyObject *const *args, Py_ss
         }
         double kv = dat(kvs, i), best;
         int free_start = !any_full && kv <= slack;
-        if (pair_for_call(&S, at(pfs, i), at(xcols, i), dat(weights, i), dat(own, i), kv,
-                          dat(kv_trues, i), free_start, buf, ibuf, &p, &d, &best) < 0)
+        double weight = dat(weights, i), own_ctx = dat(own, i), kv_true = dat(kv_trues, i);
+        if (PyErr_Occurred()) goto fail;
+        if (pair_for_call(&S, at(pfs, i), at(xcols, i), weight, own_ctx, kv, kv_true,
+                          free_start, buf, ibuf, &p, &d, &best) < 0)
             goto fail;
         PyObject *t = Py_BuildValue("nnd", p, d, best);
         if (t == NULL) goto fail;
@@ -259,11 +357,13 @@ static PyObject *best_prefill_pairs(PyObject *self, PyObject *const *args, Py_ss
     }
     PyMem_Free(buf);
     PyMem_Free(ibuf);
+    shared_free(&S);
     return out;
 fail:
     Py_XDECREF(out);
     PyMem_Free(buf);
     PyMem_Free(ibuf);
+    shared_free(&S);
     return NULL;
 }
 
@@ -280,8 +380,6 @@ static PyObject *prefill_grid(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_Format(PyExc_TypeError, "prefill_grid takes 22 arguments, got %zd", nargs);
         return NULL;
     }
-    Shared S;
-    if (shared_from(&S, args, "prefill_grid") < 0) return NULL;
     PyObject *pfs = args[12], *xcols = args[13], *weights = args[14], *own = args[15];
     PyObject *kvs = args[16], *kv_trues = args[17], *slots = args[20];
     double slack = num(args[18]);
@@ -291,7 +389,7 @@ static PyObject *prefill_grid(PyObject *self, PyObject *const *args, Py_ssize_t 
         !is_seq(own, "own_ctxs") || !is_seq(kvs, "kvs") || !is_seq(kv_trues, "kv_trues") ||
         !is_seq(slots, "slots"))
         return NULL;
-    Py_ssize_t n = Py_SIZE(pfs), m = Py_SIZE(slots), P = S.P, D = S.D;
+    Py_ssize_t n = Py_SIZE(pfs), m = Py_SIZE(slots);
     if (Py_SIZE(xcols) != n || Py_SIZE(weights) != n || Py_SIZE(own) != n ||
         Py_SIZE(kvs) != n || Py_SIZE(kv_trues) != n) {
         PyErr_SetString(PyExc_ValueError, "prefill_grid: per-call lists differ in length");
@@ -301,6 +399,12 @@ static PyObject *prefill_grid(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (PyObject_GetBuffer(args[21], &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
         < 0)
         return NULL;
+    Shared S;
+    if (shared_from(&S, args, "prefill_grid") < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    Py_ssize_t P = S.P, D = S.D, K = S.K;
     double *buf = NULL;
     if (view.itemsize != (Py_ssize_t)sizeof(double) || view.format == NULL ||
         strcmp(view.format, "d") != 0 || view.len != (Py_ssize_t)sizeof(double) * n * P * D) {
@@ -308,13 +412,14 @@ static PyObject *prefill_grid(PyObject *self, PyObject *const *args, Py_ssize_t 
                      n, P, D);
         goto fail;
     }
-    buf = PyMem_Malloc(sizeof(double) * (size_t)(3 * D + P) + 1);
+    buf = PyMem_Malloc(sizeof(double) * (size_t)(3 * D + P + D * K) + 1);
     if (buf == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
     double *starts = buf, *ends = buf + D, *fp = buf + 2 * D, *grid = view.buf;
     double *big = buf + 2 * D + P; /* 1.0 where the call cannot fit on d */
+    double *x = big + D;
     for (Py_ssize_t j = 0; j < m; j++) {
         Py_ssize_t i = iat(slots, j);
         if (PyErr_Occurred()) goto fail;
@@ -322,26 +427,19 @@ static PyObject *prefill_grid(PyObject *self, PyObject *const *args, Py_ssize_t 
             PyErr_Format(PyExc_IndexError, "prefill_grid: slot %zd out of range", i);
             goto fail;
         }
-        PyObject *pf = at(pfs, i), *x = at(xcols, i);
-        if (!is_seq(pf, "pf") || !is_seq(x, "xcols")) goto fail;
-        if (Py_SIZE(pf) != P || Py_SIZE(x) != D) {
-            PyErr_SetString(PyExc_ValueError, "prefill_grid: inconsistent sizes");
-            goto fail;
-        }
+        if (read_fp(&S, at(pfs, i), fp) < 0 || read_xcols(&S, at(xcols, i), x) < 0) goto fail;
         double kv = dat(kvs, i), weight = dat(weights, i), own_ctx = dat(own, i);
         double kv_true = dat(kv_trues, i);
+        if (PyErr_Occurred()) goto fail;
         int free_start = !any_full && kv <= slack;
         for (Py_ssize_t d = 0; d < D; d++) {
-            if (decode_terms(S.dec_static, d, S.now, S.tokens, S.count, S.ctx, weight, own_ctx,
-                             kv, S.top, free_start, S.slow_start, &starts[d], &ends[d]) < 0)
+            if (decode_terms(&S, d, weight, own_ctx, kv, free_start, &starts[d], &ends[d]) < 0)
                 goto fail;
-            big[d] = kv_true > dat(S.capacity, d) ? 1.0 : 0.0;
+            big[d] = kv_true > S.capacity[d] ? 1.0 : 0.0;
         }
-        for (Py_ssize_t p = 0; p < P; p++) fp[p] = dat(S.free, p) + dat(pf, p);
-        if (PyErr_Occurred()) goto fail;
         double *row = grid + i * P * D;
         for (Py_ssize_t p = 0; p < P; p++) {
-            Py_ssize_t k = iat(S.cls, p);
+            const double *xk = x + S.cls[p];
             double f = fp[p];
             double *out = row + p * D;
             for (Py_ssize_t d = 0; d < D; d++) {
@@ -349,17 +447,18 @@ static PyObject *prefill_grid(PyObject *self, PyObject *const *args, Py_ssize_t 
                     out[d] = INFINITY;
                     continue;
                 }
-                double a = f + dat(at(x, d), k);
+                double a = f + xk[d * K];
                 out[d] = (a > starts[d] ? a : starts[d]) + ends[d];
             }
         }
-        if (PyErr_Occurred()) goto fail;
     }
     PyMem_Free(buf);
+    shared_free(&S);
     PyBuffer_Release(&view);
     Py_RETURN_NONE;
 fail:
     PyMem_Free(buf);
+    shared_free(&S);
     PyBuffer_Release(&view);
     return NULL;
 }
