@@ -50,7 +50,7 @@ class Call:
         "v_finish_pred", "ef_start", "ef", "est_duration", "service", "proj_release",
         "pf_cold", "pf_run", "pf_queued", "cached", "hit", "held", "lead", "width",
         "group_left", "kv_free", "kv_res", "generated", "preempted", "moved", "decode_wait",
-        "wait_since", "kv_blocked", "admit_seq", "ctx_term", "true_term",
+        "wait_since", "kv_blocked", "admit_seq", "ctx_term", "true_term", "view_levels",
     )
 
     def __init__(self, uid: int, workflow: Workflow, index: int, spec: CallSpec,
@@ -95,6 +95,8 @@ class Call:
         self.pf_run = 0.0  # scheduler-visible seconds of its prefill once started
         self.pf_queued = 0.0  # the estimate its prefill queue counts for it (queued_est)
         self.cached: list[int] | None = None  # prompt tokens cached per prefill instance (None: 0)
+        # the caches' match of its prompt behind its current cached / pf_est (None: not viewed)
+        self.view_levels: list[tuple[int, int]] | None = None
         self.hit = 0  # prompt tokens served from cache at its prefill
         self.held = 0  # blocks of its prompt it locks in its prefill instance's cache
         self.lead: Call | None = None  # a sample-group rider's leader (it rides its prefill)

@@ -189,6 +189,7 @@ class InstanceFlow:
         self.loads.pf_run_end[p] = now + call.pf_run
         call.hit = hit
         call.cached = None  # the scheduler's view of waiting calls only
+        call.view_levels = None
         self.prompt_tokens += l_in
         self.cached_tokens += hit
         self.pool_seconds += tables.pool_seconds(l_in, hit)

@@ -12,7 +12,7 @@ from hexagent_gym.decisions import DecisionPoint, Stage
 from hexagent_gym.entities import PLANNED, UNPLANNED, Call, CallState, prefill_free_times
 from hexagent_gym.events import Phase
 from hexagent_gym.planner import earliest_pair, snapshot
-from hexagent_gym.prefix_cache import cache_view
+from hexagent_gym.prefix_cache import match_levels, view_of_levels
 from hexagent_gym.serving import call_riders
 
 
@@ -25,8 +25,12 @@ class PlanFlow:
         caches = self.caches
         if caches is None:
             return
-        call.cached, call.pf_est = cache_view(self.tables, caches[0].holders, self.block_tokens,
-                                              call)
+        # a re-planned call's view is usually unchanged: rebuild it only when the match changed
+        levels = match_levels(caches[0].holders, call.spec.blocks)
+        if levels != call.view_levels:
+            call.view_levels = levels
+            call.cached, call.pf_est = view_of_levels(self.tables, levels, self.block_tokens,
+                                                      call)
 
     # -- scheduling -----------------------------------------------------------------------------
     def _trigger(self, stage: Stage) -> None:

@@ -178,7 +178,13 @@ def cache_view(tables: ClusterTables, holders: dict[int, int], block_tokens: int
     """The scheduler's view of a waiting call against the caches as they are: prompt tokens
     each prefill instance holds for it (None when none holds any) and the cache-aware prefill
     estimates per instance (the cold ones where nothing hits)."""
-    levels = match_levels(holders, call.spec.blocks)
+    return view_of_levels(tables, match_levels(holders, call.spec.blocks), block_tokens, call)
+
+
+def view_of_levels(tables: ClusterTables, levels: list[tuple[int, int]], block_tokens: int,
+                   call: Call) -> tuple[list[int] | None, list[float]]:
+    """:func:`cache_view` from the caches' :func:`match_levels` of the call's prompt: a function
+    of ``levels`` and the call's constants only, so equal levels give equal views."""
     if not levels:
         return None, call.pf_cold
     l_in, err = call.l_in, call.pf_err

@@ -258,3 +258,30 @@ def test_a_workflow_alone_meets_its_horizon_exactly_with_the_cache(trace, policy
         if trace == "bfcl_v3":  # a ~6k-token multi-turn chain stays where its prompt is cached
             assert [c.hit for c in sim.workflows[0].calls] == [c.own_hit for c in spec.calls]
             assert res.prefix_hit_rate > 0.5
+
+
+def test_kept_views_equal_fresh_views_at_every_prefill_decision():
+    """A re-planned call keeps its cache view while the caches' match of its prompt is
+    unchanged; at every prefill decision each waiting call's view must equal one built afresh."""
+    from hexagent_gym.decisions import Stage
+    from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+    from hexagent_gym.policy import make_policy
+    from hexagent_gym.prefix_cache import cache_view
+
+    sim = EpisodeFactory(EpisodeConfig(cluster="hetero-1-x2", trace="bfcl_v3",
+                                       num_workflows=200, load=1.2, seed=3)).simulator()
+    policy = make_policy("hexagent")
+    policy.reset(sim)
+    checked = with_hits = 0
+    dp = sim.run_until_decision()
+    while dp is not None:
+        if dp.stage == Stage.PREFILL:
+            for call in dp.calls:
+                fresh = cache_view(sim.tables, sim.caches[0].holders, sim.block_tokens, call)
+                assert (call.cached, call.pf_est) == fresh
+                checked += 1
+                with_hits += call.cached is not None
+        while not dp.done:
+            dp.pick(*policy.pick(dp))
+        dp = sim.run_until_decision()
+    assert checked > 500 and with_hits > 100
