@@ -41,8 +41,9 @@ static int cmp_ssize(const void *a, const void *b) {
 }
 
 /* What every call of one Ŝ shares, read once per kernel call into C arrays: the prefill free
- * times and classes, the decode lists with each instance's call-independent decode terms, the
- * scan. */
+ * times and classes, the scan, and for each decode instance the kernel reads (the scan's, or
+ * all of them when the scan is empty, as prefill_grid passes it) its call-independent decode
+ * terms; the D arrays' other entries are unset. */
 typedef struct {
     double now;
     PyObject *slow_start;
@@ -121,7 +122,18 @@ static int shared_from(Shared *S, PyObject *const *args, const char *fn) {
         }
     }
     S->mem_start[K] = nm;
-    for (Py_ssize_t d = 0; d < D; d++) {
+    for (Py_ssize_t j = 0; j < nscan; j++) {
+        Py_ssize_t d = iat(scan, j);
+        if (d < 0 || d >= D) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: scan entry %zd", fn, d);
+            goto fail;
+        }
+        S->scan[j] = d;
+    }
+    /* the decode instances the kernel reads: the scan's, or every one when it is empty */
+    Py_ssize_t nread = nscan ? nscan : D;
+    for (Py_ssize_t j = 0; j < nread; j++) {
+        Py_ssize_t d = nscan ? S->scan[j] : j;
         PyObject *row = at(dec_static, d); /* (capacity, max_batch, base_row, slope_row) */
         if (!is_seq(row, "dec_static[d]")) goto fail;
         PyObject *base_row = at(row, 2), *slope_row = at(row, 3);
@@ -136,14 +148,6 @@ static int shared_from(Shared *S, PyObject *const *args, const char *fn) {
         S->capacity[d] = dat(capacity, d);
         S->cnt[d] = n;
         S->maxb[d] = iat(row, 1);
-    }
-    for (Py_ssize_t j = 0; j < nscan; j++) {
-        Py_ssize_t d = iat(scan, j);
-        if (d < 0 || d >= D) {
-            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "%s: scan entry %zd", fn, d);
-            goto fail;
-        }
-        S->scan[j] = d;
     }
     if (PyErr_Occurred()) goto fail;
     return 0;
@@ -176,14 +180,17 @@ static int decode_terms(const Shared *S, Py_ssize_t d, double weight, double own
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* A call's transfer columns xcols[d][k] as one D x K C array (row-major); -1 on failure. */
+/* A call's transfer columns xcols[d][k] into the D x K C array x (row-major), for the decode
+ * instances the kernel reads (the scan's, or all when it is empty); -1 on failure. */
 static int read_xcols(const Shared *S, PyObject *xcols, double *x) {
     if (!is_seq(xcols, "xcols")) return -1;
     if (Py_SIZE(xcols) != S->D) {
         PyErr_SetString(PyExc_ValueError, "xcols: one row per decode instance expected");
         return -1;
     }
-    for (Py_ssize_t d = 0; d < S->D; d++) {
+    Py_ssize_t nread = S->nscan ? S->nscan : S->D;
+    for (Py_ssize_t j = 0; j < nread; j++) {
+        Py_ssize_t d = S->nscan ? S->scan[j] : j;
         PyObject *row = at(xcols, d);
         if (!is_seq(row, "xcols[d]")) return -1;
         if (Py_SIZE(row) != S->K) {
