@@ -62,6 +62,9 @@ class HexAgentPolicy(BasePolicy):
         self._dp: DecisionPoint | None = None
         self._seen: DecisionPoint | None = None  # last decision seen (cache view set up)
         self._inputs_of: DecisionPoint | None = None  # decision of _arrival and _h_est
+        self._plan_of: DecisionPoint | None = None  # decision of _plan (dp.risk_plan)
+        self._plan: list[tuple[int, int, int, float]] = []
+        self._plan_checked = 0  # picks of _plan_of already checked against _plan
         self._arrival: list[float] = []
         self._h_est: list[float] = []
         self._order: list[int] = []
@@ -71,6 +74,7 @@ class HexAgentPolicy(BasePolicy):
         self._dp = None
         self._seen = None
         self._inputs_of = None
+        self._plan_of = None
 
     def pick(self, dp: DecisionPoint) -> tuple[int, int, int]:
         if dp is not self._seen:
@@ -80,11 +84,34 @@ class HexAgentPolicy(BasePolicy):
         n = len(dp.calls)
         if n > self.one_pass_threshold:
             slot = self._one_pass_slot(dp)
+        elif n > 1 and (ahead := self._ahead_pick(dp)) is not None:
+            return ahead
         elif dp.num_remaining == 1:  # the argmax of one finite risk among −inf: no projection
             slot = 0 if n == 1 else dp.picked.index(False)
         else:
             slot = self._riskiest(dp)
         p, d, _ = dp.best_pair(slot)
+        return slot, p, d
+
+    def _ahead_pick(self, dp: DecisionPoint) -> tuple[int, int, int] | None:
+        """This pick from the compiled twin of this policy's ranking (``dp.risk_plan``), asked
+        once per decision at its first pick, while every pick made so far followed it; None:
+        rank in Python (the twin stopped early, a pick left its plan, or none was asked)."""
+        if dp is not self._plan_of:
+            self._plan_of = dp
+            self._plan = dp.risk_plan() if not dp.plan else []
+            self._plan_checked = 0
+        plan, k = self._plan, len(dp.plan)
+        if k >= len(plan):
+            return None
+        for j in range(self._plan_checked, k):  # every pick so far must be the plan's
+            call, p, d, _ = dp.plan[j]
+            slot, pp, dd, _ = plan[j]
+            if call is not dp.calls[slot] or (p, d) != (pp, dd):
+                self._plan = []
+                return None
+        self._plan_checked = k
+        slot, p, d, _ = plan[k]
         return slot, p, d
 
     def _riskiest(self, dp: DecisionPoint) -> int:

@@ -680,6 +680,355 @@ done:
     return result;
 }
 
+/* The mutable Ŝ and the window of risk_plan, as C arrays. */
+typedef struct {
+    double now, slack;
+    int any_full;
+    Py_ssize_t n, P, D, K, top, nscan;
+    PyObject *dec_static;
+    double *free, *tokens, *ctx, *bc, *sl, *cap, *room, *capacity;  /* P, then D each */
+    double *pf, *x, *weight, *own, *kv, *kvt, *share, *arr, *h;       /* n·P, n·D·K, n each */
+    double *ready, *starts, *ends, *fp, *seen_val;                     /* K, D, D, P, 2D */
+    Py_ssize_t *cnt, *maxb, *kind, *scan, *cls, *mem, *mem_start, *cols, *plist, *reach;
+    Py_ssize_t *seen_kind;
+    char *picked;
+    void *block;
+} Plan;
+
+/* d's call-independent decode terms from its count and context (decode_terms' arithmetic). */
+static int plan_terms(Plan *W, Py_ssize_t d) {
+    PyObject *row = at(W->dec_static, d);
+    Py_ssize_t n = W->cnt[d];
+    Py_ssize_t b = n < W->top ? n + 1 : W->top;
+    double slope = dat(at(row, 3), b);
+    W->bc[d] = dat(at(row, 2), b) + slope * W->ctx[d];
+    W->sl[d] = slope;
+    W->room[d] = W->cap[d] - W->tokens[d];
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* placement.decode_scan_python over the plan's decode lists. */
+static void plan_scan(Plan *W) {
+    Py_ssize_t nseen = 0, ns = 0;
+    for (Py_ssize_t d = 0; d < W->D; d++) {
+        double tk = W->tokens[d];
+        int take = W->cnt[d] != 0 || tk > 0.0;
+        if (!take) {
+            Py_ssize_t j = 0;
+            while (j < nseen && !(W->seen_kind[j] == W->kind[d] && W->seen_val[2 * j] == tk &&
+                                  W->seen_val[2 * j + 1] == W->ctx[d]))
+                j++;
+            if (j == nseen) {
+                W->seen_kind[nseen] = W->kind[d];
+                W->seen_val[2 * nseen] = tk, W->seen_val[2 * nseen + 1] = W->ctx[d];
+                nseen++;
+                take = 1;
+            }
+        }
+        if (take) W->scan[ns++] = d;
+    }
+    W->nscan = ns;
+}
+
+/* pair_for_call over the plan's arrays for window slot i. Returns 1 with the pair, 0 when the
+ * projection needs what the plan does not model (a decode limit that binds: slow_start), -1 on
+ * error. */
+static int plan_pair(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, double *obest) {
+    Py_ssize_t K = W->K, P = W->P;
+    double now = W->now, weight = W->weight[i], own = W->own[i], kv = W->kv[i];
+    double kv_true = W->kvt[i], *fp = W->fp, *ready = W->ready;
+    const double *pf = W->pf + i * P, *x = W->x + i * W->D * K;
+    int free_start = !W->any_full && kv <= W->slack;
+    for (Py_ssize_t p = 0; p < P; p++) fp[p] = W->free[p] + pf[p];
+    for (Py_ssize_t k = 0; k < K; k++) {
+        Py_ssize_t j = W->mem_start[k], stop = W->mem_start[k + 1];
+        double r = fp[W->mem[j]];
+        for (j++; j < stop; j++) {
+            double v = fp[W->mem[j]];
+            if (v < r) r = v;
+        }
+        ready[k] = r;
+    }
+    double best = INFINITY;
+    Py_ssize_t ncols = 0;
+    for (Py_ssize_t s = 0; s < W->nscan; s++) {
+        Py_ssize_t d = W->scan[s];
+        if (kv_true > W->capacity[d]) continue;
+        double end = weight * (W->bc[d] + W->sl[d] * own) - now, start = now;
+        if (!free_start) {
+            double cap = W->cap[d];
+            double need = (kv < cap ? kv : cap) - W->room[d];
+            if (!(need <= 0.0 && W->cnt[d] < W->maxb[d])) return 0; /* slow_start: not modelled */
+        }
+        const double *xd = x + d * K;
+        double col = INFINITY;
+        for (Py_ssize_t k = 0; k < K; k++) {
+            double a = ready[k] + xd[k];
+            double v = (a > start ? a : start) + end;
+            if (v < col) col = v;
+        }
+        if (col < best) {
+            best = col;
+            W->cols[0] = d;
+            ncols = 1;
+        } else if (col == best) {
+            W->cols[ncols++] = d;
+        }
+        W->starts[d] = start;
+        W->ends[d] = end;
+    }
+    *obest = best;
+    if (best == INFINITY) return 0; /* no valid pair: the pick raises in Python */
+    Py_ssize_t nreach = 0;
+    for (Py_ssize_t k = 0; k < K; k++) {
+        for (Py_ssize_t j = 0; j < ncols; j++) {
+            Py_ssize_t d = W->cols[j];
+            double a = ready[k] + x[d * K + k];
+            if ((a > W->starts[d] ? a : W->starts[d]) + W->ends[d] == best) {
+                W->reach[nreach++] = k;
+                break;
+            }
+        }
+    }
+    Py_ssize_t nmem = 0;
+    for (Py_ssize_t r = 0; r < nreach; r++)
+        for (Py_ssize_t j = W->mem_start[W->reach[r]]; j < W->mem_start[W->reach[r] + 1]; j++)
+            W->plist[nmem++] = W->mem[j];
+    if (nreach > 1) qsort(W->plist, (size_t)nmem, sizeof(Py_ssize_t), cmp_ssize);
+    for (Py_ssize_t m = 0; m < nmem; m++) {
+        Py_ssize_t p = W->plist[m];
+        double f = fp[p];
+        Py_ssize_t k = W->cls[p];
+        for (Py_ssize_t j = 0; j < ncols; j++) {
+            Py_ssize_t d = W->cols[j];
+            double a = f + x[d * K + k];
+            if ((a > W->starts[d] ? a : W->starts[d]) + W->ends[d] == best) {
+                *op = p, *od = d;
+                return 1;
+            }
+        }
+    }
+    PyErr_SetString(PyExc_AssertionError, "the minimum is reached by some pair");
+    return -1;
+}
+
+/* risk_plan(now, free, pf_members, pf_class, dec_kind, count, ctx, tokens, dec_static,
+ *           batch_top, capacity, pfs, xcols, weights, own_ctxs, kvs, kv_trues, ctx_shares,
+ *           arrival, h_est, slack, any_full, picked) -> [(slot, p, d, delta), ...]
+ * The compiled twin of agents.hexagent's ranking of a prefill window under Ŝ, pick after pick:
+ * the riskiest unpicked slot ((now - arrival) + its best Δ) / h_est (the first of equal risks;
+ * with one slot left, that slot) at its best pair (Projections.best_prefill_pair_one_python),
+ * then PlanState.commit's update of Ŝ (the prefill free time, the decode lists, the limits, the
+ * scan). It stops early, returning the picks so far, where an exact answer needs what it does
+ * not model: a decode limit that binds (the slow-start releases), a slot without a valid pair,
+ * or a zero horizon or NaN risk. */
+static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 23) {
+        PyErr_Format(PyExc_TypeError, "risk_plan takes 23 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *free = args[1], *members = args[2], *cls = args[3], *kind = args[4];
+    PyObject *count = args[5], *ctx = args[6], *tokens = args[7], *dec_static = args[8];
+    PyObject *capacity = args[10], *pfs = args[11], *xcols = args[12], *weights = args[13];
+    PyObject *own = args[14], *kvs = args[15], *kvts = args[16], *shares = args[17];
+    PyObject *arrival = args[18], *h_est = args[19], *picked = args[22];
+    Plan W;
+    W.block = NULL;
+    W.now = num(args[0]);
+    W.top = PyLong_AsSsize_t(args[9]);
+    W.slack = num(args[20]);
+    W.any_full = PyObject_IsTrue(args[21]);
+    W.dec_static = dec_static;
+    if (PyErr_Occurred() || W.any_full < 0) return NULL;
+    PyObject *seqs[] = {free, members, cls, kind, count, ctx, tokens, dec_static, capacity, pfs,
+                        xcols, weights, own, kvs, kvts, shares, arrival, h_est, picked};
+    const char *names[] = {"free", "pf_members", "pf_class", "dec_kind", "count", "ctx",
+                           "tokens", "dec_static", "capacity", "pfs", "xcols", "weights",
+                           "own_ctxs", "kvs", "kv_trues", "ctx_shares", "arrival", "h_est",
+                           "picked"};
+    for (int j = 0; j < 19; j++)
+        if (!is_seq(seqs[j], names[j])) return NULL;
+    Py_ssize_t n = Py_SIZE(pfs), P = Py_SIZE(free), D = Py_SIZE(capacity), K = Py_SIZE(members);
+    W.n = n, W.P = P, W.D = D, W.K = K;
+    if (Py_SIZE(cls) != P || Py_SIZE(kind) != D || Py_SIZE(count) != D || Py_SIZE(ctx) != D ||
+        Py_SIZE(tokens) != D || Py_SIZE(dec_static) != D) {
+        PyErr_SetString(PyExc_ValueError, "risk_plan: inconsistent sizes");
+        return NULL;
+    }
+    for (int j = 9; j < 19; j++)
+        if (Py_SIZE(seqs[j]) != n) {
+            PyErr_SetString(PyExc_ValueError, "risk_plan: per-call lists differ in length");
+            return NULL;
+        }
+    size_t nd = (size_t)(P + 8 * D + n * P + n * D * K + 8 * n + K + 2 * D + P + 2 * D);
+    size_t ni = (size_t)(4 * D + 2 * P + K + 1 + D + P + K + D);
+    W.block = PyMem_Malloc(sizeof(double) * nd + sizeof(Py_ssize_t) * ni + (size_t)n + 1);
+    if (W.block == NULL) return PyErr_NoMemory();
+    double *f = W.block;
+    W.free = f, f += P;
+    W.tokens = f, f += D;
+    W.ctx = f, f += D;
+    W.bc = f, f += D;
+    W.sl = f, f += D;
+    W.cap = f, f += D;
+    W.room = f, f += D;
+    W.capacity = f, f += D;
+    f += D; /* spare */
+    W.pf = f, f += n * P;
+    W.x = f, f += n * D * K;
+    W.weight = f, f += n;
+    W.own = f, f += n;
+    W.kv = f, f += n;
+    W.kvt = f, f += n;
+    W.share = f, f += n;
+    W.arr = f, f += n;
+    W.h = f, f += n;
+    f += n; /* spare */
+    W.ready = f, f += K;
+    W.starts = f, f += D;
+    W.ends = f, f += D;
+    W.fp = f, f += P;
+    W.seen_val = f, f += 2 * D;
+    Py_ssize_t *ix = (Py_ssize_t *)(W.block) + nd; /* doubles and Py_ssize_t are both 8 bytes */
+    W.cnt = ix, ix += D;
+    W.maxb = ix, ix += D;
+    W.kind = ix, ix += D;
+    W.scan = ix, ix += D;
+    W.cls = ix, ix += P;
+    W.mem = ix, ix += P;
+    W.mem_start = ix, ix += K + 1;
+    W.cols = ix, ix += D;
+    W.plist = ix, ix += P;
+    W.reach = ix, ix += K;
+    W.seen_kind = ix, ix += D;
+    W.picked = (char *)ix;
+    PyObject *out = NULL;
+    for (Py_ssize_t p = 0; p < P; p++) {
+        W.free[p] = dat(free, p);
+        W.cls[p] = iat(cls, p);
+    }
+    Py_ssize_t nm = 0;
+    for (Py_ssize_t k = 0; k < K; k++) {
+        PyObject *m = at(members, k);
+        if (!is_seq(m, "pf_members[k]")) goto fail;
+        if (Py_SIZE(m) < 1 || nm + Py_SIZE(m) > P) {
+            PyErr_SetString(PyExc_ValueError, "risk_plan: pf_members must split the instances");
+            goto fail;
+        }
+        W.mem_start[k] = nm;
+        for (Py_ssize_t j = 0; j < Py_SIZE(m); j++) {
+            Py_ssize_t p = iat(m, j);
+            if (p < 0 || p >= P) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_ValueError, "risk_plan: member %zd out of range", p);
+                goto fail;
+            }
+            W.mem[nm++] = p;
+        }
+    }
+    W.mem_start[K] = nm;
+    for (Py_ssize_t d = 0; d < D; d++) {
+        PyObject *row = at(dec_static, d);
+        if (!is_seq(row, "dec_static[d]")) goto fail;
+        W.tokens[d] = dat(tokens, d);
+        W.ctx[d] = dat(ctx, d);
+        W.cnt[d] = iat(count, d);
+        W.kind[d] = iat(kind, d);
+        W.cap[d] = dat(row, 0);
+        W.maxb[d] = iat(row, 1);
+        W.capacity[d] = dat(capacity, d);
+        if (plan_terms(&W, d) < 0) goto fail;
+    }
+    Py_ssize_t remaining = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *pf = at(pfs, i), *xc = at(xcols, i);
+        if (!is_seq(pf, "pf") || !is_seq(xc, "xcols")) goto fail;
+        if (Py_SIZE(pf) != P || Py_SIZE(xc) != D) {
+            PyErr_SetString(PyExc_ValueError, "risk_plan: a call's pf or xcols has the wrong size");
+            goto fail;
+        }
+        for (Py_ssize_t p = 0; p < P; p++) W.pf[i * P + p] = dat(pf, p);
+        for (Py_ssize_t d = 0; d < D; d++) {
+            PyObject *row = at(xc, d);
+            if (!is_seq(row, "xcols[d]")) goto fail;
+            if (Py_SIZE(row) != K) {
+                PyErr_SetString(PyExc_ValueError, "risk_plan: xcols rows need one entry per class");
+                goto fail;
+            }
+            for (Py_ssize_t k = 0; k < K; k++) W.x[(i * D + d) * K + k] = dat(row, k);
+        }
+        W.weight[i] = dat(weights, i), W.own[i] = dat(own, i), W.kv[i] = dat(kvs, i);
+        W.kvt[i] = dat(kvts, i), W.share[i] = dat(shares, i), W.arr[i] = dat(arrival, i);
+        W.h[i] = dat(h_est, i);
+        int was = PyObject_IsTrue(at(picked, i));
+        if (was < 0) goto fail;
+        W.picked[i] = (char)was;
+        remaining += !was;
+    }
+    if (PyErr_Occurred()) goto fail;
+    plan_scan(&W);
+    out = PyList_New(0);
+    if (out == NULL) goto fail;
+    while (remaining > 0) {
+        Py_ssize_t slot = -1, p = 0, d = 0, bp = 0, bd = 0;
+        double best = INFINITY, top = -INFINITY;
+        int ok = 1;
+        if (remaining == 1) {
+            for (Py_ssize_t i = 0; i < n; i++)
+                if (!W.picked[i]) slot = i;
+            int r = plan_pair(&W, slot, &p, &d, &best);
+            if (r < 0) goto fail;
+            ok = r;
+        } else {
+            for (Py_ssize_t i = 0; i < n && ok; i++) {
+                if (W.picked[i]) continue;
+                double b;
+                Py_ssize_t pi = 0, di = 0;
+                int r = plan_pair(&W, i, &pi, &di, &b);
+                if (r < 0) goto fail;
+                if (r == 0 || W.h[i] == 0.0) {
+                    ok = 0;
+                    break;
+                }
+                double risk = ((W.now - W.arr[i]) + b) / W.h[i];
+                if (risk != risk) {
+                    ok = 0;
+                    break;
+                }
+                if (risk > top) top = risk, slot = i, bp = pi, bd = di, best = b;
+            }
+            p = bp, d = bd;
+            if (slot < 0) ok = 0;
+        }
+        if (!ok) break;
+        PyObject *t = Py_BuildValue("nnnd", slot, p, d, best);
+        if (t == NULL || PyList_Append(out, t) < 0) {
+            Py_XDECREF(t);
+            goto fail;
+        }
+        Py_DECREF(t);
+        /* PlanState.commit at the prefill stage */
+        int was_idle = W.cnt[d] == 0 && W.tokens[d] <= 0.0;
+        W.free[p] += W.pf[slot * P + p];
+        W.tokens[d] += W.kv[slot];
+        W.cnt[d] += 1;
+        W.ctx[d] += W.share[slot];
+        double s2 = W.capacity[d] - W.tokens[d];
+        W.slack = s2 < W.slack ? s2 : W.slack;
+        W.any_full = W.any_full || W.cnt[d] >= W.maxb[d];
+        if (plan_terms(&W, d) < 0) goto fail;
+        if (was_idle) plan_scan(&W);
+        W.picked[slot] = 1;
+        remaining--;
+    }
+    PyMem_Free(W.block);
+    return out;
+fail:
+    Py_XDECREF(out);
+    PyMem_Free(W.block);
+    return NULL;
+}
+
 /* decode_scan(kind, tokens, count, ctx) -> [d, ...]
  * hexagent_gym.placement.decode_scan_python: every decode instance holding a committed call or
  * committed tokens, and of each set of idle twins (equal kind, tokens and context) the first. */
@@ -793,6 +1142,9 @@ static PyMethodDef methods[] = {
     {"observe_columns", (PyCFunction)(void (*)(void))observe_columns, METH_FASTCALL,
      "observe_columns(calls, picked, best, age, h_est, prefill, free, decode, tokens, count, "
      "capacity, max_batch, inv, clip, now, cols) -> None: the env's per-step columns."},
+    {"risk_plan", (PyCFunction)(void (*)(void))risk_plan, METH_FASTCALL,
+     "risk_plan(...) -> [(slot, p, d, delta)]: agents.hexagent's ranking of a prefill window, "
+     "compiled (see the source)."},
     {"prefill_free_times", (PyCFunction)(void (*)(void))prefill_free_times, METH_FASTCALL,
      "prefill_free_times(run_end, now, queued) -> [float]: entities.prefill_free_times."},
     {"decode_scan", (PyCFunction)(void (*)(void))decode_scan, METH_FASTCALL,

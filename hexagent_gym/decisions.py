@@ -47,7 +47,7 @@ class DecisionPoint:
 
     __slots__ = ("stage", "now", "calls", "state", "plan", "picked", "_delta", "_remaining",
                  "wall_start", "_batch", "_cache_aware", "_reduced", "_min", "_last", "_pairs",
-                 "_kin")
+                 "_kin", "_ahead", "_ahead_from")
 
     def __init__(self, stage: Stage, now: float, calls: list[Call], state: PlanState,
                  wall_start: float = 0.0) -> None:
@@ -63,6 +63,9 @@ class DecisionPoint:
         self._last: tuple[int, int, int, float] | None = None  # last best_pair under this Ŝ
         self._pairs: dict[int, tuple[int, int, float]] = {}  # scalar best pairs under this Ŝ
         self._kin: tuple[list, ...] | None = None  # the compiled kernel's per-call inputs
+        # picks computed ahead by risk_plan, from pick number _ahead_from on (their Δ is exact)
+        self._ahead: list[tuple[int, int, int, float]] = []
+        self._ahead_from = 0
         self._remaining = len(calls)
         self.wall_start = wall_start
         self._batch: CallBatch | None = None
@@ -246,6 +249,27 @@ class DecisionPoint:
             self._pairs[slot] = pair
         return pair
 
+    def risk_plan(self) -> list[tuple[int, int, int, float]]:
+        """The compiled twin of ``agents.hexagent``'s ranking from the current Ŝ on: the picks
+        ``(slot, p, d, Δ)`` that projected-risk greedy with best-pair placement makes, pick after
+        pick, each committed to a copy of Ŝ, as far as the twin computes them exactly (it stops
+        where a decode limit binds, a slot has no valid pair, or a risk is undefined; possibly
+        at once). Prefill stage with the kernels built only, else ``[]``. Nothing is picked:
+        the caller still calls :meth:`pick`, which then finds each Δ without projecting."""
+        if self.stage != Stage.PREFILL or kernels.risk_plan is None or not self._remaining:
+            return []
+        state, calls = self.state, self.calls
+        t = state.tables
+        limits = state.limits()
+        plan = kernels.risk_plan(
+            state.now, state.free_l, t.pf_members, t.pf_class_list, t.dec_kind,
+            state.dec_count_l, state.dec_ctx_l, state.dec_tokens_l, t.dec_static, t.batch_top,
+            t.dec_capacity, *self._kernel_inputs(),
+            [c.ctx_share for c in calls], [c.workflow.arrival for c in calls],
+            [c.workflow.h_est for c in calls], limits[0], limits[1], self.picked)
+        self._ahead, self._ahead_from = plan, len(self.plan)
+        return plan
+
     def _compiled_pairs(self) -> None:
         """Fill :meth:`_scalar_pair`'s cache for every unpicked slot in one compiled call."""
         pairs = self._pairs
@@ -291,6 +315,11 @@ class DecisionPoint:
         """Δ of one (slot, p, d) under the current Ŝ (one entry, not the row)."""
         if self._delta is not None:
             return float(self._delta[slot, p, d])
+        ahead = self._ahead
+        if ahead:
+            k = len(self.plan) - self._ahead_from
+            if k < len(ahead) and ahead[k][:3] == (slot, p, d):
+                return ahead[k][3]
         last = self._last
         if last is not None and last[:3] == (slot, p, d):
             return last[3]
@@ -345,6 +374,11 @@ class DecisionPoint:
                              f"feasible(slot) is True")
         prefill = self.stage == Stage.PREFILL
         self.state.commit(call, p, d, value, prefill, self._pf(call)[p] if prefill else None)
+        ahead = self._ahead
+        if ahead:  # a pick off the computed plan makes the rest of it stale
+            k = len(self.plan) - self._ahead_from
+            if k >= len(ahead) or ahead[k][:3] != (slot, p, d):
+                self._ahead = []
         self.plan.append((call, p, d, value))
         self.picked[slot] = True
         self._remaining -= 1

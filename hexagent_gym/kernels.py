@@ -45,6 +45,10 @@ prefill_free_times = None
 decode_limits = None
 """The compiled ``plan_state.decode_limits_python``, or None."""
 
+risk_plan = None
+"""The compiled twin of ``agents.hexagent``'s ranking of a prefill window
+(``DecisionPoint.risk_plan``), or None."""
+
 observe_columns = None
 """The env observation's per-step columns (min Δ, risk, Ŝ's free times and decode loads),
 compiled (``envs.encoding.Encoder.observe``'s Python lists, same values), or None."""
@@ -53,7 +57,7 @@ compiled (``envs.encoding.Encoder.observe``'s Python lists, same values), or Non
 def use_compiled(on: bool) -> None:
     """Run the compiled kernels (``on``, if built) or the pure-Python rules from now on."""
     global best_prefill_pairs, prefill_grid, delta_grid, decode_scan, prefill_free_times
-    global decode_limits, observe_columns
+    global decode_limits, observe_columns, risk_plan
     on = bool(on and AVAILABLE)
     best_prefill_pairs = _compiled.best_prefill_pairs if on else None
     prefill_grid = _compiled.prefill_grid if on else None
@@ -62,9 +66,11 @@ def use_compiled(on: bool) -> None:
     prefill_free_times = _compiled.prefill_free_times if on else None
     decode_limits = _compiled.decode_limits if on else None
     observe_columns = _compiled.observe_columns if on else None
+    risk_plan = _compiled.risk_plan if on else None
 
 
 use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
 
 __all__ = ["AVAILABLE", "best_prefill_pairs", "decode_limits", "decode_scan", "delta_grid",
-           "observe_columns", "prefill_free_times", "prefill_grid", "use_compiled"]
+           "observe_columns", "prefill_free_times", "prefill_grid", "risk_plan",
+           "use_compiled"]

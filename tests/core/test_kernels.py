@@ -329,3 +329,67 @@ def test_compiled_observe_columns_by_hand_and_clear_errors():
     with pytest.raises(ValueError, match="observe_columns: inconsistent sizes"):
         fn(calls, [True], [], [], [], pre, [], dec, [], [], [], [], 1.0, 100.0, 0.0,
            (0, 1, 2, 1, 0, 2))
+
+
+@pytest.mark.parametrize("build", [
+    *[lambda c=c: EpisodeFactory(EpisodeConfig(**c, seed=2)).simulator() for c in EPISODES],
+    lambda: EpisodeFactory(EpisodeConfig(cluster="hetero-1-x8", trace="bfcl_v3",
+                                         num_workflows=300, load=1.0, seed=0)).simulator(),
+    tight_memory_simulator,
+], ids=[f"{c['cluster']}-{c['trace']}" for c in EPISODES] + ["hetero-1-x8", "tight-memory"])
+def test_risk_plan_equals_the_python_ranking_at_every_decision(build):
+    """dp.risk_plan's picks are the pure-Python HexAgent's picks (slot, pair and Δ, exactly) at
+    every prefill decision of several calls that HexAgent ranks pick by pick (up to its one-pass
+    threshold), for as far as the plan goes."""
+    from agents.hexagent import HexAgentPolicy
+
+    class PythonRanking(HexAgentPolicy):
+        def _ahead_pick(self, dp):
+            return None
+
+    kernels.use_compiled(True)
+    sim = build()
+    policy = PythonRanking()
+    policy.reset(sim)
+    compared = full = short = 0
+    dp = sim.run_until_decision()
+    while dp is not None:
+        ranked = 1 < len(dp.calls) <= policy.one_pass_threshold  # longer: HexAgent ranks once
+        plan = dp.risk_plan() if dp.stage == Stage.PREFILL and ranked else []
+        dp._ahead = []  # the Python ranking projects every pick itself
+        while not dp.done:
+            dp.pick(*policy.pick(dp))
+        for (slot, p, d, delta), (call, pp, dd, value) in zip(plan, dp.plan, strict=False):
+            assert (dp.calls[slot], p, d) == (call, pp, dd)
+            assert delta == value and type(delta) is float
+            compared += 1
+        if dp.stage == Stage.PREFILL and ranked:
+            full += len(plan) == len(dp.calls)
+            short += len(plan) < len(dp.calls)
+        dp = sim.run_until_decision()
+    if build is tight_memory_simulator:  # eight workflows: few multi-call windows
+        assert compared > 3 and short > 0  # a decode limit bound: the plan stopped early
+    else:
+        assert compared > 20 and full > 5
+
+
+def test_risk_plan_picks_need_no_projection_and_a_pick_off_plan_drops_it():
+    kernels.use_compiled(True)
+    config = EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3", num_workflows=200, load=1.2,
+                           seed=3)
+    sim = EpisodeFactory(config).simulator()
+    dp = sim.run_until_decision()
+    while dp is not None and not (dp.stage == Stage.PREFILL and len(dp.calls) >= 3):
+        while not dp.done:
+            dp.pick(*make_policy("hexagent").pick(dp))
+        dp = sim.run_until_decision()
+    assert dp is not None
+    plan = dp.risk_plan()
+    assert len(plan) == len(dp.calls)
+    slot, p, d, delta = plan[0]
+    dp.pick(slot, p, d)
+    assert dp.plan[-1][3] == delta and dp._batch is None  # Δ from the plan: nothing projected
+    other = next(i for i, picked in enumerate(dp.picked) if not picked and i != plan[1][0])
+    q, e, _ = dp.best_pair(other)
+    dp.pick(other, q, e)  # off the plan
+    assert dp._ahead == []
