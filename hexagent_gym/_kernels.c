@@ -573,7 +573,13 @@ static PyObject *decode_limits(PyObject *self, PyObject *const *args, Py_ssize_t
     for (Py_ssize_t d = 0; d < D; d++) {
         double s = dat(cap, d) - dat(tokens, d);
         if (d == 0 || s < slack) slack = s; /* min() keeps the first of equal values */
-        if (!full && dat(count, d) >= dat(top, d)) full = 1;
+        if (!full) {
+            PyObject *c = at(count, d), *m = at(top, d);
+            if (PyLong_CheckExact(c) && PyLong_CheckExact(m))
+                full = PyLong_AsSsize_t(c) >= PyLong_AsSsize_t(m);
+            else
+                full = num(c) >= num(m);
+        }
     }
     if (PyErr_Occurred()) return NULL;
     return Py_BuildValue("(dO)", slack, full ? Py_True : Py_False);
@@ -688,6 +694,9 @@ typedef struct {
     PyObject *dec_static;
     double *free, *tokens, *ctx, *bc, *sl, *cap, *room, *capacity;  /* P, then D each */
     double *pf, *x, *weight, *own, *kv, *kvt, *share, *arr, *h;       /* n·P, n·D·K, n each */
+    PyObject *xcols;   /* the calls' transfer columns, read into x on first use per (call, d) */
+    char *xread;       /* n·D: x holds call i's row d */
+    char *fresh;       /* D: bc, sl and room hold d's current terms */
     double *ready, *starts, *ends, *fp, *seen_val;                     /* K, D, D, P, 2D */
     Py_ssize_t *cnt, *maxb, *kind, *scan, *cls, *mem, *mem_start, *cols, *plist, *reach;
     Py_ssize_t *seen_kind;
@@ -695,8 +704,10 @@ typedef struct {
     void *block;
 } Plan;
 
-/* d's call-independent decode terms from its count and context (decode_terms' arithmetic). */
+/* d's call-independent decode terms from its count and context (decode_terms' arithmetic),
+ * computed when a pair first needs them after a change of d. */
 static int plan_terms(Plan *W, Py_ssize_t d) {
+    W->fresh[d] = 1;
     PyObject *row = at(W->dec_static, d);
     Py_ssize_t n = W->cnt[d];
     Py_ssize_t b = n < W->top ? n + 1 : W->top;
@@ -738,6 +749,8 @@ static int plan_pair(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
     double now = W->now, weight = W->weight[i], own = W->own[i], kv = W->kv[i];
     double kv_true = W->kvt[i], *fp = W->fp, *ready = W->ready;
     const double *pf = W->pf + i * P, *x = W->x + i * W->D * K;
+    char *xread = W->xread + i * W->D;
+    PyObject *xcall = at(W->xcols, i);
     int free_start = !W->any_full && kv <= W->slack;
     for (Py_ssize_t p = 0; p < P; p++) fp[p] = W->free[p] + pf[p];
     for (Py_ssize_t k = 0; k < K; k++) {
@@ -754,6 +767,18 @@ static int plan_pair(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
     for (Py_ssize_t s = 0; s < W->nscan; s++) {
         Py_ssize_t d = W->scan[s];
         if (kv_true > W->capacity[d]) continue;
+        if (!W->fresh[d] && plan_terms(W, d) < 0) return -1;
+        if (!xread[d]) {
+            PyObject *row = at(xcall, d);
+            if (!is_seq(row, "xcols[d]")) return -1;
+            if (Py_SIZE(row) != K) {
+                PyErr_SetString(PyExc_ValueError, "risk_plan: xcols rows need one entry per class");
+                return -1;
+            }
+            for (Py_ssize_t k = 0; k < K; k++) W->x[(i * W->D + d) * K + k] = dat(row, k);
+            if (PyErr_Occurred()) return -1;
+            xread[d] = 1;
+        }
         double end = weight * (W->bc[d] + W->sl[d] * own) - now, start = now;
         if (!free_start) {
             double cap = W->cap[d];
@@ -862,7 +887,8 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
     size_t nd = (size_t)(P + 8 * D + n * P + n * D * K + 8 * n + K + 2 * D + P + 2 * D);
     size_t ni = (size_t)(4 * D + 2 * P + K + 1 + D + P + K + D);
-    W.block = PyMem_Malloc(sizeof(double) * nd + sizeof(Py_ssize_t) * ni + (size_t)n + 1);
+    W.block = PyMem_Malloc(sizeof(double) * nd + sizeof(Py_ssize_t) * ni +
+                           (size_t)(n + n * D + D) + 1);
     if (W.block == NULL) return PyErr_NoMemory();
     double *f = W.block;
     W.free = f, f += P;
@@ -902,6 +928,10 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
     W.reach = ix, ix += K;
     W.seen_kind = ix, ix += D;
     W.picked = (char *)ix;
+    W.xread = W.picked + n;
+    W.fresh = W.xread + n * D;
+    memset(W.xread, 0, (size_t)(n * D + D));
+    W.xcols = xcols;
     PyObject *out = NULL;
     for (Py_ssize_t p = 0; p < P; p++) {
         W.free[p] = dat(free, p);
@@ -937,7 +967,6 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
         W.cap[d] = dat(row, 0);
         W.maxb[d] = iat(row, 1);
         W.capacity[d] = dat(capacity, d);
-        if (plan_terms(&W, d) < 0) goto fail;
     }
     Py_ssize_t remaining = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -948,15 +977,6 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
             goto fail;
         }
         for (Py_ssize_t p = 0; p < P; p++) W.pf[i * P + p] = dat(pf, p);
-        for (Py_ssize_t d = 0; d < D; d++) {
-            PyObject *row = at(xc, d);
-            if (!is_seq(row, "xcols[d]")) goto fail;
-            if (Py_SIZE(row) != K) {
-                PyErr_SetString(PyExc_ValueError, "risk_plan: xcols rows need one entry per class");
-                goto fail;
-            }
-            for (Py_ssize_t k = 0; k < K; k++) W.x[(i * D + d) * K + k] = dat(row, k);
-        }
         W.weight[i] = dat(weights, i), W.own[i] = dat(own, i), W.kv[i] = dat(kvs, i);
         W.kvt[i] = dat(kvts, i), W.share[i] = dat(shares, i), W.arr[i] = dat(arrival, i);
         W.h[i] = dat(h_est, i);
@@ -1016,7 +1036,7 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
         double s2 = W.capacity[d] - W.tokens[d];
         W.slack = s2 < W.slack ? s2 : W.slack;
         W.any_full = W.any_full || W.cnt[d] >= W.maxb[d];
-        if (plan_terms(&W, d) < 0) goto fail;
+        W.fresh[d] = 0;
         if (was_idle) plan_scan(&W);
         W.picked[slot] = 1;
         remaining--;
@@ -1026,6 +1046,65 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
 fail:
     Py_XDECREF(out);
     PyMem_Free(W.block);
+    return NULL;
+}
+
+/* match_levels(holders, blocks) -> [(k, mask), ...] or None
+ * prefix_cache.match_levels_python for caches whose bit masks fit in 64 bits (None when a mask
+ * does not: the caller runs the Python version): holders maps a block id to the mask of the
+ * caches holding it; each (k, mask) says the caches in mask match exactly k leading blocks. */
+static int append_level(PyObject *levels, unsigned long long k, unsigned long long mask) {
+    PyObject *t = Py_BuildValue("(KK)", k, mask);
+    if (t == NULL || PyList_Append(levels, t) < 0) {
+        Py_XDECREF(t);
+        return -1;
+    }
+    Py_DECREF(t);
+    return 0;
+}
+
+static PyObject *match_levels(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "match_levels takes 2 arguments, got %zd", nargs);
+        return NULL;
+    }
+    PyObject *holders = args[0], *blocks = args[1];
+    if (!PyDict_CheckExact(holders)) {
+        PyErr_Format(PyExc_TypeError, "holders must be a dict, got %s", Py_TYPE(holders)->tp_name);
+        return NULL;
+    }
+    if (!is_seq(blocks, "blocks")) return NULL;
+    PyObject *levels = PyList_New(0);
+    if (levels == NULL) return NULL;
+    unsigned long long alive = ~0ULL, k = 0; /* all bits: Python's -1 before the first block */
+    Py_ssize_t nb = Py_SIZE(blocks);
+    for (Py_ssize_t j = 0; j < nb; j++) {
+        PyObject *v = PyDict_GetItemWithError(holders, at(blocks, j));
+        unsigned long long mask = 0;
+        if (v == NULL) {
+            if (PyErr_Occurred()) goto fail;
+        } else {
+            if (!PyLong_Check(v)) goto wide; /* negative: OverflowError below */
+            mask = PyLong_AsUnsignedLongLong(v);
+            if (mask == (unsigned long long)-1 && PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_OverflowError)) goto fail;
+                PyErr_Clear();
+                goto wide;
+            }
+        }
+        unsigned long long now = alive & mask;
+        if (now != alive && k && append_level(levels, k, alive & ~now) < 0) goto fail;
+        alive = now;
+        if (!alive) return levels;
+        k++;
+    }
+    if (k && append_level(levels, k, alive) < 0) goto fail;
+    return levels;
+wide: /* a mask wider than 64 bits (or not a mask): the Python version answers */
+    Py_DECREF(levels);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(levels);
     return NULL;
 }
 
@@ -1145,6 +1224,8 @@ static PyMethodDef methods[] = {
     {"risk_plan", (PyCFunction)(void (*)(void))risk_plan, METH_FASTCALL,
      "risk_plan(...) -> [(slot, p, d, delta)]: agents.hexagent's ranking of a prefill window, "
      "compiled (see the source)."},
+    {"match_levels", (PyCFunction)(void (*)(void))match_levels, METH_FASTCALL,
+     "match_levels(holders, blocks) -> [(k, mask)] or None: prefix_cache.match_levels."},
     {"prefill_free_times", (PyCFunction)(void (*)(void))prefill_free_times, METH_FASTCALL,
      "prefill_free_times(run_end, now, queued) -> [float]: entities.prefill_free_times."},
     {"decode_scan", (PyCFunction)(void (*)(void))decode_scan, METH_FASTCALL,

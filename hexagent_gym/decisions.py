@@ -8,6 +8,7 @@ The pick order is the plan's rank. When every call is picked the simulator appli
 
 from __future__ import annotations
 
+import math
 from enum import IntEnum
 from typing import TYPE_CHECKING
 
@@ -363,11 +364,12 @@ class DecisionPoint:
                 raise ValueError(f"call slot {slot} may move to another decode instance but its "
                                  f"KV comes from prefill instance {call.prefill_inst}, got p={p}")
         value = self._delta_at(slot, p, d)
-        if not np.isfinite(value) and self.stage == Stage.DECODE and d != call.decode_inst:
+        finite = math.isfinite(value)  # a float: math's test, not numpy's scalar machinery
+        if not finite and self.stage == Stage.DECODE and d != call.decode_inst:
             raise ValueError(f"call slot {slot} cannot move to decode instance {d} now: a free "
                              f"call moves only when its instance {call.decode_inst} cannot admit "
                              f"it, to an instance that can hold it; feasible(slot) shows where")
-        if not np.isfinite(value):
+        if not finite:
             cap = self.state.tables.capacity[d]
             raise ValueError(f"call slot {slot} needs {call.kv_true} KV tokens but decode "
                              f"instance {d} holds at most {int(cap)}; choose a d where "

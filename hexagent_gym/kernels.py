@@ -45,6 +45,10 @@ prefill_free_times = None
 decode_limits = None
 """The compiled ``plan_state.decode_limits_python``, or None."""
 
+match_levels = None
+"""The compiled ``prefix_cache.match_levels_python`` (masks up to 64 bits; None from the
+kernel means wider masks, and the Python version runs), or None."""
+
 risk_plan = None
 """The compiled twin of ``agents.hexagent``'s ranking of a prefill window
 (``DecisionPoint.risk_plan``), or None."""
@@ -57,7 +61,7 @@ compiled (``envs.encoding.Encoder.observe``'s Python lists, same values), or Non
 def use_compiled(on: bool) -> None:
     """Run the compiled kernels (``on``, if built) or the pure-Python rules from now on."""
     global best_prefill_pairs, prefill_grid, delta_grid, decode_scan, prefill_free_times
-    global decode_limits, observe_columns, risk_plan
+    global decode_limits, observe_columns, risk_plan, match_levels
     on = bool(on and AVAILABLE)
     best_prefill_pairs = _compiled.best_prefill_pairs if on else None
     prefill_grid = _compiled.prefill_grid if on else None
@@ -67,10 +71,11 @@ def use_compiled(on: bool) -> None:
     decode_limits = _compiled.decode_limits if on else None
     observe_columns = _compiled.observe_columns if on else None
     risk_plan = _compiled.risk_plan if on else None
+    match_levels = _compiled.match_levels if on else None
 
 
 use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
 
 __all__ = ["AVAILABLE", "best_prefill_pairs", "decode_limits", "decode_scan", "delta_grid",
-           "observe_columns", "prefill_free_times", "prefill_grid", "risk_plan",
+           "match_levels", "observe_columns", "prefill_free_times", "prefill_grid", "risk_plan",
            "use_compiled"]

@@ -25,6 +25,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from hexagent_gym import kernels
+
 if TYPE_CHECKING:
     from hexagent_gym.cluster_tables import ClusterTables
     from hexagent_gym.entities import Call
@@ -155,8 +157,19 @@ def match_levels(holders: dict[int, int], blocks: Sequence[int]) -> list[tuple[i
 
     Returns ``(k, mask)`` pairs, k >= 1: the caches whose bits are in ``mask`` match exactly k
     leading blocks (caches matching none are left out). Costs one lookup per matched block,
-    whatever the number of caches.
+    whatever the number of caches. Runs the compiled twin when it is built and the masks fit
+    in 64 bits (up to 64 prefill instances).
     """
+    if kernels.match_levels is not None:
+        levels = kernels.match_levels(holders, blocks)
+        if levels is not None:
+            return levels
+    return match_levels_python(holders, blocks)
+
+
+def match_levels_python(holders: dict[int, int],
+                        blocks: Sequence[int]) -> list[tuple[int, int]]:
+    """:func:`match_levels` in pure Python: the reference of its compiled twin."""
     levels = []
     alive = -1  # caches holding every block so far (all bits set)
     k = 0

@@ -393,3 +393,30 @@ def test_risk_plan_picks_need_no_projection_and_a_pick_off_plan_drops_it():
     q, e, _ = dp.best_pair(other)
     dp.pick(other, q, e)  # off the plan
     assert dp._ahead == []
+
+
+def test_compiled_match_levels_equal_python():
+    from hexagent_gym.prefix_cache import match_levels_python
+
+    fn = kernels._compiled.match_levels
+    holders = {10: 0b1011, 11: 0b0011, 12: 0b0001, 20: 1 << 63, 21: (1 << 64) - 1}
+    for blocks in ([10, 11, 12, 13], [10, 11], [11, 10], [99], [], (10, 11, 12), [20, 20],
+                   [21, 20, 10]):
+        assert fn(holders, blocks) == match_levels_python(holders, blocks)
+    # caches 0 and 1 hold blocks 10 and 11, cache 3 only 10; cache 0 also 12
+    assert fn(holders, [10, 11, 12, 13]) == [(1, 0b1000), (2, 0b0010), (3, 0b0001)]
+    assert fn({1: 1 << 64}, [1]) is None  # wider than 64 bits: the Python version runs
+    with pytest.raises(TypeError, match="holders must be a dict"):
+        fn([], [1])
+    # every prompt of an episode against the caches it left (32 prefill instances)
+    config = EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3", num_workflows=120, load=1.2,
+                           seed=1)
+    checked = 0
+    sim = EpisodeFactory(config).simulator()
+    run_policy(sim, make_policy("hexagent"))
+    holders = sim.caches[0].holders
+    for wf in sim.workflows:
+        for call in wf.calls:
+            assert fn(holders, call.spec.blocks) == match_levels_python(holders, call.spec.blocks)
+            checked += 1
+    assert checked > 200
