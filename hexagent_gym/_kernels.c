@@ -1108,6 +1108,151 @@ fail:
     return NULL;
 }
 
+/* earliest_pair(now, free, pf_members, dec_static, batch_top, capacity, setup, spt, scan, tokens,
+ *               count, ctx, slow_start, pf, cached, xcols, l_in, weight, own_ctx, kv_pred,
+ *               kv_true) -> (p, d, delta)
+ * placement.earliest_pair_python for one call (its prefill seconds pf: per class without a cache
+ * view, per instance with one; cached: the view's hits per instance or None; xcols: the prompt's
+ * transfer columns per (decode instance, class) when cached is None; weight and own_ctx its
+ * decode inputs). Candidates: without hits the least-loaded member of each class (lowest index
+ * on ties); with hits every instance holding some, then each class's least-loaded member
+ * holding none. Per decode instance of the scan that can hold the call: the candidate whose KV
+ * arrives first (lowest index on ties), then the earliest finish (lowest d on ties). */
+static PyObject *earliest_pair(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 21) {
+        PyErr_Format(PyExc_TypeError, "earliest_pair takes 21 arguments, got %zd", nargs);
+        return NULL;
+    }
+    double now = num(args[0]);
+    PyObject *free = args[1], *members = args[2], *dec_static = args[3];
+    Py_ssize_t top = PyLong_AsSsize_t(args[4]);
+    PyObject *capacity = args[5], *setup = args[6], *spt = args[7], *scan = args[8];
+    PyObject *tokens = args[9], *count = args[10], *ctx = args[11], *slow_start = args[12];
+    PyObject *pf = args[13], *cached = args[14], *xcols = args[15];
+    double l_in = num(args[16]), weight = num(args[17]), own_ctx = num(args[18]);
+    double kv = num(args[19]), kv_true = num(args[20]);
+    if (PyErr_Occurred()) return NULL;
+    if (!is_seq(free, "free") || !is_seq(members, "pf_members") ||
+        !is_seq(dec_static, "dec_static") || !is_seq(capacity, "capacity") ||
+        !is_seq(setup, "setup") || !is_seq(spt, "spt") || !is_seq(scan, "scan") ||
+        !is_seq(tokens, "tokens") || !is_seq(count, "count") || !is_seq(ctx, "ctx") ||
+        !is_seq(pf, "pf"))
+        return NULL;
+    int with_hits = cached != Py_None;
+    if ((with_hits && !is_seq(cached, "cached")) || (!with_hits && !is_seq(xcols, "xcols")))
+        return NULL;
+    Py_ssize_t P = Py_SIZE(free), D = Py_SIZE(capacity), K = Py_SIZE(members);
+    if (Py_SIZE(dec_static) != D || Py_SIZE(tokens) != D || Py_SIZE(count) != D ||
+        Py_SIZE(ctx) != D || Py_SIZE(setup) != P || Py_SIZE(spt) != P ||
+        Py_SIZE(pf) != (with_hits ? P : K) || (with_hits && Py_SIZE(cached) != P) ||
+        (!with_hits && Py_SIZE(xcols) != D)) {
+        PyErr_SetString(PyExc_ValueError, "earliest_pair: inconsistent sizes");
+        return NULL;
+    }
+    /* candidates: (KV-ready base value, instance) in the Python rule's order */
+    double *val = PyMem_Malloc(sizeof(double) * (size_t)P + 1);
+    Py_ssize_t *cand = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)P + 1);
+    PyObject *result = NULL;
+    if (val == NULL || cand == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t nc = 0;
+    for (Py_ssize_t k = 0; k < K; k++) {
+        PyObject *m = at(members, k);
+        if (!is_seq(m, "pf_members[k]")) goto done;
+        Py_ssize_t nm = Py_SIZE(m);
+        if (nm < 1) {
+            PyErr_SetString(PyExc_ValueError, "earliest_pair: an empty prefill class");
+            goto done;
+        }
+        if (!with_hits) {
+            Py_ssize_t bp = iat(m, 0);
+            if (bp < 0 || bp >= P) goto bad_member;
+            double bf = dat(free, bp);
+            for (Py_ssize_t j = 1; j < nm; j++) {
+                Py_ssize_t p = iat(m, j);
+                if (p < 0 || p >= P) goto bad_member;
+                double f = dat(free, p);
+                if (f < bf) bp = p, bf = f;
+            }
+            val[nc] = bf + dat(pf, k), cand[nc++] = bp;
+        } else {
+            Py_ssize_t bp = -1;
+            double bf = INFINITY;
+            for (Py_ssize_t j = 0; j < nm; j++) {
+                Py_ssize_t p = iat(m, j);
+                if (p < 0 || p >= P) goto bad_member;
+                int hit = PyObject_IsTrue(at(cached, p));
+                if (hit < 0) goto done;
+                if (hit) {
+                    val[nc] = dat(free, p) + dat(pf, p), cand[nc++] = p;
+                } else {
+                    double f = dat(free, p);
+                    if (f < bf) bp = p, bf = f;
+                }
+            }
+            if (bp >= 0) val[nc] = bf + dat(pf, bp), cand[nc++] = bp;
+        }
+        if (nc > P) goto bad_member;
+    }
+    if (PyErr_Occurred()) goto done;
+    double best = INFINITY;
+    Py_ssize_t best_d = -1, best_p = -1, nscan = Py_SIZE(scan);
+    for (Py_ssize_t s = 0; s < nscan; s++) {
+        Py_ssize_t d = iat(scan, s);
+        if (d < 0 || d >= D) {
+            if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "earliest_pair: scan %zd", d);
+            goto done;
+        }
+        if (kv_true > dat(capacity, d)) continue;
+        /* decode_terms */
+        PyObject *row = at(dec_static, d); /* (capacity, max_batch, base_row, slope_row) */
+        double cap = dat(row, 0);
+        Py_ssize_t max_batch = iat(row, 1), n = iat(count, d);
+        Py_ssize_t b = n < top ? n + 1 : top;
+        double slope = dat(at(row, 3), b);
+        double end = weight * ((dat(at(row, 2), b) + slope * dat(ctx, d)) + slope * own_ctx) - now;
+        double need = (kv < cap ? kv : cap) - (cap - dat(tokens, d));
+        if (PyErr_Occurred()) goto done;
+        double start = now;
+        if (!(need <= 0.0 && n < max_batch)) {
+            PyObject *r = PyObject_CallFunction(slow_start, "ndn", d, need, n - max_batch + 1);
+            if (r == NULL) goto done;
+            start = num(r);
+            Py_DECREF(r);
+            if (PyErr_Occurred()) goto done;
+        }
+        double a = INFINITY;
+        Py_ssize_t ap = -1;
+        PyObject *xd = with_hits ? NULL : at(xcols, d);
+        if (xd != NULL && (!is_seq(xd, "xcols[d]") || Py_SIZE(xd) != nc)) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "earliest_pair: xcols rows need one entry "
+                                "per prefill class");
+            goto done;
+        }
+        for (Py_ssize_t c = 0; c < nc; c++) {
+            Py_ssize_t p = cand[c];
+            double x = with_hits ? dat(at(setup, p), d) + l_in * dat(at(spt, p), d) : dat(xd, c);
+            x = val[c] + x; /* KV arrival on d; earliest wins, lowest prefill index on ties */
+            if (x < a || (x == a && p < ap)) a = x, ap = p;
+        }
+        if (PyErr_Occurred()) goto done;
+        double fin = (a > start ? a : start) + end;
+        if (fin < best) best = fin, best_d = d, best_p = ap;
+    }
+    result = Py_BuildValue("nnd", best_p, best_d, best);
+    goto done;
+bad_member:
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "earliest_pair: pf_members must split the instances");
+done:
+    PyMem_Free(val);
+    PyMem_Free(cand);
+    return result;
+}
+
 /* decode_scan(kind, tokens, count, ctx) -> [d, ...]
  * hexagent_gym.placement.decode_scan_python: every decode instance holding a committed call or
  * committed tokens, and of each set of idle twins (equal kind, tokens and context) the first. */
@@ -1226,6 +1371,8 @@ static PyMethodDef methods[] = {
      "compiled (see the source)."},
     {"match_levels", (PyCFunction)(void (*)(void))match_levels, METH_FASTCALL,
      "match_levels(holders, blocks) -> [(k, mask)] or None: prefix_cache.match_levels."},
+    {"earliest_pair", (PyCFunction)(void (*)(void))earliest_pair, METH_FASTCALL,
+     "earliest_pair(...) -> (p, d, delta): placement.earliest_pair_python (see the source)."},
     {"prefill_free_times", (PyCFunction)(void (*)(void))prefill_free_times, METH_FASTCALL,
      "prefill_free_times(run_end, now, queued) -> [float]: entities.prefill_free_times."},
     {"decode_scan", (PyCFunction)(void (*)(void))decode_scan, METH_FASTCALL,

@@ -45,6 +45,9 @@ prefill_free_times = None
 decode_limits = None
 """The compiled ``plan_state.decode_limits_python``, or None."""
 
+earliest_pair = None
+"""The compiled ``placement.earliest_pair_python`` (the fallback's placement rule), or None."""
+
 match_levels = None
 """The compiled ``prefix_cache.match_levels_python`` (masks up to 64 bits; None from the
 kernel means wider masks, and the Python version runs), or None."""
@@ -61,7 +64,7 @@ compiled (``envs.encoding.Encoder.observe``'s Python lists, same values), or Non
 def use_compiled(on: bool) -> None:
     """Run the compiled kernels (``on``, if built) or the pure-Python rules from now on."""
     global best_prefill_pairs, prefill_grid, delta_grid, decode_scan, prefill_free_times
-    global decode_limits, observe_columns, risk_plan, match_levels
+    global decode_limits, observe_columns, risk_plan, match_levels, earliest_pair
     on = bool(on and AVAILABLE)
     best_prefill_pairs = _compiled.best_prefill_pairs if on else None
     prefill_grid = _compiled.prefill_grid if on else None
@@ -72,10 +75,11 @@ def use_compiled(on: bool) -> None:
     observe_columns = _compiled.observe_columns if on else None
     risk_plan = _compiled.risk_plan if on else None
     match_levels = _compiled.match_levels if on else None
+    earliest_pair = _compiled.earliest_pair if on else None
 
 
 use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
 
 __all__ = ["AVAILABLE", "best_prefill_pairs", "decode_limits", "decode_scan", "delta_grid",
-           "match_levels", "observe_columns", "prefill_free_times", "prefill_grid", "risk_plan",
-           "use_compiled"]
+           "earliest_pair", "match_levels", "observe_columns", "prefill_free_times",
+           "prefill_grid", "risk_plan", "use_compiled"]

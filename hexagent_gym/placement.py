@@ -85,6 +85,26 @@ def earliest_pair(tables: ClusterTables, now: float, free: list[float], tokens: 
                   count: list[int], ctx: list[float], call: Call,
                   slow_start: Callable[[int, float, int], float],
                   scan: list[int] | None = None) -> tuple[int, int, float]:
+    """:func:`earliest_pair_python`, compiled when :mod:`hexagent_gym.kernels` is built (the
+    same pair and the same float)."""
+    kernel = kernels.earliest_pair
+    if kernel is None:
+        return earliest_pair_python(tables, now, free, tokens, count, ctx, call, slow_start, scan)
+    cached = call.cached
+    l_out = call.l_out_pred
+    return kernel(now, free, tables.pf_members, tables.dec_static, tables.batch_top,
+                  tables.dec_capacity, tables.setup_list, tables.spt_list,
+                  decode_scan(tables, tokens, count, ctx) if scan is None else scan, tokens,
+                  count, ctx, slow_start, call.pf_cls if cached is None else call.pf_est,
+                  cached, tables.transfer_cols(call.l_in) if cached is None else None,
+                  call.l_in, l_out * call.dec_err, mean_own_context(call.l_in, l_out),
+                  call.kv_pred, call.kv_true)
+
+
+def earliest_pair_python(tables: ClusterTables, now: float, free: list[float],
+                         tokens: list[float], count: list[int], ctx: list[float], call: Call,
+                         slow_start: Callable[[int, float, int], float],
+                         scan: list[int] | None = None) -> tuple[int, int, float]:
     """The core's placement rule: the pair with the earliest projected finish Δ.
 
     Ties go to the lowest decode index, and within a decode instance to the prefill instance

@@ -420,3 +420,103 @@ def test_compiled_match_levels_equal_python():
             assert fn(holders, call.spec.blocks) == match_levels_python(holders, call.spec.blocks)
             checked += 1
     assert checked > 200
+
+
+@pytest.fixture
+def compare_earliest(monkeypatch):
+    """Check every placement the fallback rule makes (the engine's fallback, horizon replays,
+    policies that place by it) against the pure-Python rule, exactly; count the calls with and
+    without cache hits."""
+    import hexagent_gym.placement as placement
+
+    kernels.use_compiled(True)
+    fast = placement.earliest_pair
+    seen = {"calls": 0, "hits": 0, "binding": 0}
+
+    def checked(tables, now, free, tokens, count, ctx, call, slow_start, scan=None):
+        used = []
+
+        def counting(*args):
+            used.append(args)
+            return slow_start(*args)
+
+        pair = fast(tables, now, free, tokens, count, ctx, call, counting, scan)
+        slow = placement.earliest_pair_python(tables, now, free, tokens, count, ctx, call,
+                                              slow_start, scan)
+        assert pair == slow and [type(x) for x in pair] == [int, int, float], (pair, slow)
+        seen["calls"] += 1
+        seen["hits"] += call.cached is not None
+        seen["binding"] += bool(used)
+        return pair
+
+    for module in ("hexagent_gym.placement", "hexagent_gym.plan_state", "hexagent_gym.horizon",
+                   "hexagent_gym.plan_flow"):
+        mod = __import__(module, fromlist=["earliest_pair"])
+        if hasattr(mod, "earliest_pair"):
+            monkeypatch.setattr(mod, "earliest_pair", checked)
+    return seen
+
+
+@pytest.mark.parametrize("config,policy", [
+    (dict(cluster="hetero-1-x2", trace="bfcl_v3", num_workflows=120, load=1.2), "fcfs"),
+    (dict(cluster="hetero-1", trace="mixed", num_workflows=40, load=3.0), "hexagent"),
+    (dict(cluster="hetero-1", trace="bfcl_v3", num_workflows=60, load=1.0,
+          prefix_cache=False, estimation_error=0.3), "llf"),
+], ids=["fcfs-cache", "mixed-dags", "no-cache"])
+def test_compiled_earliest_pair_equals_python_on_every_placement(compare_earliest, config,
+                                                                 policy):
+    sim = EpisodeFactory(EpisodeConfig(**config, seed=4)).simulator()
+    run_policy(sim, make_policy(policy))
+    assert compare_earliest["calls"] > 50
+    if config.get("prefix_cache", True):
+        assert compare_earliest["hits"] > 0
+
+
+def test_compiled_earliest_pair_where_decode_memory_binds():
+    """Every waiting call of every prefill decision of the tight-memory toy, placed by both
+    rules under that decision's Ŝ (whose reservations bind there)."""
+    from hexagent_gym.placement import earliest_pair_python
+
+    kernels.use_compiled(True)
+    fn = kernels._compiled.earliest_pair
+    compared = binding = 0
+    for dp in _prefill_picks(tight_memory_simulator):
+        st = dp.state
+        for i in dp.remaining:
+            call = dp.calls[i]
+            used = []
+
+            def slow(*args, st=st, used=used):
+                used.append(args)
+                return st.slow_start(*args)
+
+            lists = (st.dec_tokens_l, st.dec_count_l, st.dec_ctx_l)
+            fast = placement_pair(st, call, slow)
+            assert fast == earliest_pair_python(st.tables, st.now, st.free_l, *lists, call,
+                                                st.slow_start)
+            compared += 1
+            binding += bool(used)
+    assert compared > 20 and binding > 0  # the slow-start callback ran
+    assert fn is kernels.earliest_pair
+
+
+def placement_pair(st, call, slow_start):
+    from hexagent_gym.placement import earliest_pair
+
+    return earliest_pair(st.tables, st.now, st.free_l, st.dec_tokens_l, st.dec_count_l,
+                         st.dec_ctx_l, call, slow_start)
+
+
+def test_compiled_earliest_pair_errors():
+    fn = kernels._compiled.earliest_pair
+    with pytest.raises(TypeError, match="takes 21 arguments, got 1"):
+        fn(0.0)
+    args = [0.0, [0.0], [[0]], [(100.0, 4, (0.0, 1.0), (0.0, 0.0))], 1, [100.0], [[0.0]],
+            [[0.0]], [0], [0.0], [0], [0.0], None, [0.5], None, [(0.25,)], 10, 1.0, 1.0,
+            1.0, 1.0]
+    # one instance each: prefill 0.5 s, transfer 0.25 s, decode step 1 s × weight 1
+    assert fn(*args) == (0, 0, 1.75)
+    wrong = list(args)
+    wrong[15] = [(0.25,), (0.25,)]  # two transfer rows for one decode instance
+    with pytest.raises(ValueError, match="earliest_pair: inconsistent sizes"):
+        fn(*wrong)
