@@ -324,12 +324,12 @@ class DecisionPoint:
         last = self._last
         if last is not None and last[:3] == (slot, p, d):
             return last[3]
-        one = self.batch.row(slot)
-        if self.stage == Stage.PREFILL:
-            return self.state.prefill_delta_at(one, p, d)
-        if p != self.calls[slot].prefill_inst:
+        call = self.calls[slot]
+        if self.stage == Stage.PREFILL:  # scalar: the same float as the numpy projection
+            return self.state.prefill_delta_at_one(call, self._pf(call), p, d)
+        if p != call.prefill_inst:
             return np.inf
-        return float(self.state.project_decode_rows(one)[0, d])
+        return self.state.decode_delta_one(call)[d]
 
     def feasible(self, slot: int) -> np.ndarray:
         """Boolean (P, D) mask of valid placements for a slot (all False once it is picked)."""

@@ -333,6 +333,25 @@ class Projections:
             return 0, 0, best
         return call.prefill_inst, best_d, best
 
+    def prefill_delta_at_one(self, call: Call, pf: list[float], p: int, d: int) -> float:
+        """One entry of :meth:`prefill_delta_one`'s row, (p, d), in scalar Python without a
+        :class:`CallBatch` (the same operations, so the same float as :meth:`prefill_delta_at`):
+        the Δ of a pick placed elsewhere than its best pair. ``pf``: the prefill seconds the
+        projection uses on each instance."""
+        t = self.tables
+        if call.kv_true > t.dec_capacity[d]:
+            return INF
+        now = self.now
+        tokens, count, ctx = self._decode_lists()
+        weight, own_ctx, kv, free_start = self._decode_inputs(call)
+        if free_start:  # no decode limit binds: admitted now
+            start, end = now, decode_end(t, d, now, count, ctx, weight, own_ctx)
+        else:
+            start, end = decode_terms(t, d, now, tokens, count, ctx, weight, own_ctx, kv,
+                                      self.slow_start)
+        a = (self.free_l[p] + pf[p]) + (t.setup_list[p][d] + call.l_in * t.spt_list[p][d])
+        return (a if a > start else start) + end
+
     def prefill_delta_at(self, batch: CallBatch, p: int, d: int) -> float:
         """One entry ``project_prefill(batch)[0, p, d]`` of a one-call batch (same float)."""
         if batch.too_big[0, d]:

@@ -151,3 +151,33 @@ def test_decode_end_equals_decode_terms_end():
             assert end == decode_end(tables, d, now, count, ctx, weight, own_ctx)
             checked += 1
     assert checked > 1000
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "llf", "atlas", "sglang-router"])
+def test_scalar_entry_of_a_pick_elsewhere_equals_the_numpy_projection(policy):
+    """A pick away from the best pair takes its Δ from the scalar one-entry rules; at every pick
+    of baselines that place elsewhere it must equal numpy's entry (prefill and decode stage)."""
+    from hexagent_gym.policy import make_policy
+
+    sim = EpisodeFactory(EpisodeConfig(cluster="hetero-1-lowmem", trace="mixed",
+                                       num_workflows=40, load=2.0, seed=6)).simulator()
+    pol = make_policy(policy)
+    pol.reset(sim)
+    compared = {Stage.PREFILL: 0, Stage.DECODE: 0}
+    dp = sim.run_until_decision()
+    while dp is not None:
+        while not dp.done:
+            slot, p, d = pol.pick(dp)
+            one = dp.batch.row(slot)
+            if dp.stage == Stage.PREFILL:
+                ref = dp.state.prefill_delta_at(one, p, d)
+            elif p != dp.calls[slot].prefill_inst:
+                ref = np.inf
+            else:
+                ref = float(dp.state.project_decode_rows(one)[0, d])
+            got = dp._delta_at(slot, p, d)
+            assert got == ref or (np.isinf(got) and np.isinf(ref)), (got, ref)
+            compared[dp.stage] += 1
+            dp.pick(slot, p, d)
+        dp = sim.run_until_decision()
+    assert compared[Stage.PREFILL] > 50 and compared[Stage.DECODE] > 50
