@@ -35,6 +35,29 @@ static int is_seq(PyObject *o, const char *name) {
     return 0;
 }
 
+/* Whether a kernel got its number of arguments; else a TypeError naming it. */
+static int arity(Py_ssize_t nargs, Py_ssize_t want, const char *fn) {
+    if (nargs == want) return 1;
+    PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, got %zd", fn, want, nargs);
+    return 0;
+}
+
+/* The arguments of a kernel over four per-decode-instance lists: exactly four lists or tuples
+ * (named names) of one length, set in *D; -1 with a TypeError or ValueError naming fn. */
+static int four_lists(PyObject *const *args, Py_ssize_t nargs, const char *fn,
+                      const char *const names[4], Py_ssize_t *D) {
+    if (!arity(nargs, 4, fn)) return -1;
+    for (int j = 0; j < 4; j++)
+        if (!is_seq(args[j], names[j])) return -1;
+    *D = Py_SIZE(args[0]);
+    for (int j = 1; j < 4; j++)
+        if (Py_SIZE(args[j]) != *D) {
+            PyErr_Format(PyExc_ValueError, "%s: inconsistent sizes", fn);
+            return -1;
+        }
+    return 0;
+}
+
 static int cmp_ssize(const void *a, const void *b) {
     Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
     return (x > y) - (x < y);
@@ -213,57 +236,50 @@ static int read_fp(const Shared *S, PyObject *pf, double *fp) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* Projections.best_prefill_pair_one_python for one call (its prefill seconds pf, its transfer
- * columns xcols, its decode inputs): sets *op, *od, *obest; -1 with an exception on failure.
- * buf holds K + 2D + P + D·K doubles, ibuf D + P + K indices. */
-static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, double weight,
-                         double own_ctx, double kv, double kv_true, int free_start, double *buf,
-                         Py_ssize_t *ibuf, Py_ssize_t *op, Py_ssize_t *od, double *obest) {
-    Py_ssize_t K = S->K, D = S->D, P = S->P;
-    double *ready = buf, *starts = buf + K, *ends = buf + K + D, *fp = buf + K + 2 * D;
-    double *x = fp + P;
-    Py_ssize_t *cols = ibuf, *plist = ibuf + D, *reach = ibuf + D + P;
-    if (read_fp(S, pf, fp) < 0 || read_xcols(S, xcols, x) < 0) return -1;
-    /* each class's best member: min(fp[p] for p in members[k]) */
+/* Each prefill class's best member for one call: ready[k] = min(fp[p] for p in members[k]),
+ * the class members as flat indices mem[mem_start[k]:mem_start[k + 1]]. */
+static void class_ready(Py_ssize_t K, const Py_ssize_t *mem, const Py_ssize_t *mem_start,
+                        const double *fp, double *ready) {
     for (Py_ssize_t k = 0; k < K; k++) {
-        Py_ssize_t j = S->mem_start[k], stop = S->mem_start[k + 1];
-        double r = fp[S->mem[j]];
+        Py_ssize_t j = mem_start[k], stop = mem_start[k + 1];
+        double r = fp[mem[j]];
         for (j++; j < stop; j++) {
-            double v = fp[S->mem[j]];
+            double v = fp[mem[j]];
             if (v < r) r = v;
         }
         ready[k] = r;
     }
-    double best = INFINITY;
-    Py_ssize_t ncols = 0;
-    for (Py_ssize_t s = 0; s < S->nscan; s++) {
-        Py_ssize_t d = S->scan[s];
-        if (kv_true > S->capacity[d]) continue;
-        double start, end;
-        if (decode_terms(S, d, weight, own_ctx, kv, free_start, &start, &end) < 0) return -1;
-        const double *xd = x + d * K;
-        double col = INFINITY;
-        for (Py_ssize_t k = 0; k < K; k++) {
-            double a = ready[k] + xd[k];
-            double v = (a > start ? a : start) + end;
-            if (v < col) col = v;
-        }
-        if (col < best) {
-            best = col;
-            cols[0] = d;
-            ncols = 1;
-        } else if (col == best) {
-            cols[ncols++] = d;
-        }
-        starts[d] = start;
-        ends[d] = end;
+}
+
+/* The best Δ over classes on one decode instance: min over k of max(ready[k] + xd[k], start)
+ * + end, and whether it lowers *best (recording d in cols, the decode instances reaching it). */
+static inline void scan_column(Py_ssize_t K, const double *ready, const double *xd, double start,
+                               double end, Py_ssize_t d, double *best, Py_ssize_t *cols,
+                               Py_ssize_t *ncols) {
+    double col = INFINITY;
+    for (Py_ssize_t k = 0; k < K; k++) {
+        double a = ready[k] + xd[k];
+        double v = (a > start ? a : start) + end;
+        if (v < col) col = v;
     }
-    *obest = best;
-    if (best == INFINITY) { /* no valid pair: argmin of an all-inf row */
-        *op = *od = 0;
-        return 0;
+    if (col < *best) {
+        *best = col;
+        cols[0] = d;
+        *ncols = 1;
+    } else if (col == *best) {
+        cols[(*ncols)++] = d;
     }
-    /* the classes whose entry reaches the minimum, then their members in ascending order */
+}
+
+/* The pair np.argmin picks among those reaching best: the classes whose entry reaches it, then
+ * their members in ascending order, lowest d first (x: the call's D x K transfer seconds, read
+ * at least for the decode instances in cols). Sets *op and *od; -1 with an AssertionError if
+ * no pair reaches best. reach holds K indices, plist P. */
+static int resolve_ties(Py_ssize_t K, const Py_ssize_t *mem, const Py_ssize_t *mem_start,
+                        const Py_ssize_t *cls, const double *fp, const double *ready,
+                        const double *x, const Py_ssize_t *cols, Py_ssize_t ncols,
+                        const double *starts, const double *ends, double best,
+                        Py_ssize_t *reach, Py_ssize_t *plist, Py_ssize_t *op, Py_ssize_t *od) {
     Py_ssize_t nreach = 0;
     for (Py_ssize_t k = 0; k < K; k++) {
         for (Py_ssize_t j = 0; j < ncols; j++) {
@@ -277,13 +293,13 @@ static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, double 
     }
     Py_ssize_t nmem = 0;
     for (Py_ssize_t r = 0; r < nreach; r++)
-        for (Py_ssize_t j = S->mem_start[reach[r]]; j < S->mem_start[reach[r] + 1]; j++)
-            plist[nmem++] = S->mem[j];
+        for (Py_ssize_t j = mem_start[reach[r]]; j < mem_start[reach[r] + 1]; j++)
+            plist[nmem++] = mem[j];
     if (nreach > 1) qsort(plist, (size_t)nmem, sizeof(Py_ssize_t), cmp_ssize);
     for (Py_ssize_t i = 0; i < nmem; i++) {
         Py_ssize_t p = plist[i];
         double f = fp[p];
-        Py_ssize_t k = S->cls[p];
+        Py_ssize_t k = cls[p];
         for (Py_ssize_t j = 0; j < ncols; j++) {
             Py_ssize_t d = cols[j];
             double a = f + x[d * K + k];
@@ -295,6 +311,38 @@ static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, double 
     }
     PyErr_SetString(PyExc_AssertionError, "the minimum is reached by some pair");
     return -1;
+}
+
+/* Projections.best_prefill_pair_one_python for one call (its prefill seconds pf, its transfer
+ * columns xcols, its decode inputs): sets *op, *od, *obest; -1 with an exception on failure.
+ * buf holds K + 2D + P + D·K doubles, ibuf D + P + K indices. */
+static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, double weight,
+                         double own_ctx, double kv, double kv_true, int free_start, double *buf,
+                         Py_ssize_t *ibuf, Py_ssize_t *op, Py_ssize_t *od, double *obest) {
+    Py_ssize_t K = S->K, D = S->D, P = S->P;
+    double *ready = buf, *starts = buf + K, *ends = buf + K + D, *fp = buf + K + 2 * D;
+    double *x = fp + P;
+    Py_ssize_t *cols = ibuf, *plist = ibuf + D, *reach = ibuf + D + P;
+    if (read_fp(S, pf, fp) < 0 || read_xcols(S, xcols, x) < 0) return -1;
+    class_ready(K, S->mem, S->mem_start, fp, ready);
+    double best = INFINITY;
+    Py_ssize_t ncols = 0;
+    for (Py_ssize_t s = 0; s < S->nscan; s++) {
+        Py_ssize_t d = S->scan[s];
+        if (kv_true > S->capacity[d]) continue;
+        double start, end;
+        if (decode_terms(S, d, weight, own_ctx, kv, free_start, &start, &end) < 0) return -1;
+        scan_column(K, ready, x + d * K, start, end, d, &best, cols, &ncols);
+        starts[d] = start;
+        ends[d] = end;
+    }
+    *obest = best;
+    if (best == INFINITY) { /* no valid pair: argmin of an all-inf row */
+        *op = *od = 0;
+        return 0;
+    }
+    return resolve_ties(K, S->mem, S->mem_start, S->cls, fp, ready, x, cols, ncols, starts, ends,
+                        best, reach, plist, op, od);
 }
 
 static int alloc_buffers(const Shared *S, double **buf, Py_ssize_t **ibuf) {
@@ -309,6 +357,36 @@ static int alloc_buffers(const Shared *S, double **buf, Py_ssize_t **ibuf) {
     return 0;
 }
 
+/* The per-call lists of best_prefill_pairs and prefill_grid (arguments 12-20): prefill
+ * seconds, transfer columns, decode inputs and true KV of each call of the window, the decode
+ * limits and the slots asked for. */
+typedef struct {
+    PyObject *pfs, *xcols, *weights, *own, *kvs, *kv_trues, *slots;
+    double slack;
+    int any_full;
+    Py_ssize_t n, m;
+} Window;
+
+static int window_from(Window *w, PyObject *const *args, const char *fn) {
+    w->pfs = args[12], w->xcols = args[13], w->weights = args[14], w->own = args[15];
+    w->kvs = args[16], w->kv_trues = args[17], w->slots = args[20];
+    w->slack = num(args[18]);
+    w->any_full = PyObject_IsTrue(args[19]);
+    if (PyErr_Occurred() || w->any_full < 0) return -1;
+    if (!is_seq(w->pfs, "pfs") || !is_seq(w->xcols, "xcols") || !is_seq(w->weights, "weights") ||
+        !is_seq(w->own, "own_ctxs") || !is_seq(w->kvs, "kvs") ||
+        !is_seq(w->kv_trues, "kv_trues") || !is_seq(w->slots, "slots"))
+        return -1;
+    Py_ssize_t n = Py_SIZE(w->pfs);
+    w->n = n, w->m = Py_SIZE(w->slots);
+    if (Py_SIZE(w->xcols) != n || Py_SIZE(w->weights) != n || Py_SIZE(w->own) != n ||
+        Py_SIZE(w->kvs) != n || Py_SIZE(w->kv_trues) != n) {
+        PyErr_Format(PyExc_ValueError, "%s: per-call lists differ in length", fn);
+        return -1;
+    }
+    return 0;
+}
+
 /* best_prefill_pairs(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static,
  *                    batch_top, capacity, slow_start, pfs, xcols, weights, own_ctxs, kvs,
  *                    kv_trues, slack, any_full, slots) -> [(p, d, delta), ...]
@@ -317,25 +395,14 @@ static int alloc_buffers(const Shared *S, double **buf, Py_ssize_t **ibuf) {
  * call i's start is free when no batch is full and its demand kvs[i] fits in the smallest
  * slack (Projections._decode_inputs). */
 static PyObject *best_prefill_pairs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 21) {
-        PyErr_Format(PyExc_TypeError, "best_prefill_pairs takes 21 arguments, got %zd", nargs);
-        return NULL;
-    }
-    PyObject *pfs = args[12], *xcols = args[13], *weights = args[14], *own = args[15];
-    PyObject *kvs = args[16], *kv_trues = args[17], *slots = args[20];
-    double slack = num(args[18]);
-    int any_full = PyObject_IsTrue(args[19]);
-    if (PyErr_Occurred()) return NULL;
-    if (!is_seq(pfs, "pfs") || !is_seq(xcols, "xcols") || !is_seq(weights, "weights") ||
-        !is_seq(own, "own_ctxs") || !is_seq(kvs, "kvs") || !is_seq(kv_trues, "kv_trues") ||
-        !is_seq(slots, "slots"))
-        return NULL;
-    Py_ssize_t n = Py_SIZE(pfs), m = Py_SIZE(slots);
-    if (Py_SIZE(xcols) != n || Py_SIZE(weights) != n || Py_SIZE(own) != n ||
-        Py_SIZE(kvs) != n || Py_SIZE(kv_trues) != n) {
-        PyErr_SetString(PyExc_ValueError, "best_prefill_pairs: per-call lists differ in length");
-        return NULL;
-    }
+    if (!arity(nargs, 21, "best_prefill_pairs")) return NULL;
+    Window w;
+    if (window_from(&w, args, "best_prefill_pairs") < 0) return NULL;
+    PyObject *pfs = w.pfs, *xcols = w.xcols, *weights = w.weights, *own = w.own;
+    PyObject *kvs = w.kvs, *kv_trues = w.kv_trues, *slots = w.slots;
+    double slack = w.slack;
+    int any_full = w.any_full;
+    Py_ssize_t n = w.n, m = w.m;
     Shared S;
     if (shared_from(&S, args, "best_prefill_pairs") < 0) return NULL;
     double *buf = NULL;
@@ -383,25 +450,14 @@ fail:
  * start_d) + end_d, with k the class of p; inf where the call's true KV exceeds d's capacity.
  * Rows of calls not in slots are left as they are. */
 static PyObject *prefill_grid(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 22) {
-        PyErr_Format(PyExc_TypeError, "prefill_grid takes 22 arguments, got %zd", nargs);
-        return NULL;
-    }
-    PyObject *pfs = args[12], *xcols = args[13], *weights = args[14], *own = args[15];
-    PyObject *kvs = args[16], *kv_trues = args[17], *slots = args[20];
-    double slack = num(args[18]);
-    int any_full = PyObject_IsTrue(args[19]);
-    if (PyErr_Occurred()) return NULL;
-    if (!is_seq(pfs, "pfs") || !is_seq(xcols, "xcols") || !is_seq(weights, "weights") ||
-        !is_seq(own, "own_ctxs") || !is_seq(kvs, "kvs") || !is_seq(kv_trues, "kv_trues") ||
-        !is_seq(slots, "slots"))
-        return NULL;
-    Py_ssize_t n = Py_SIZE(pfs), m = Py_SIZE(slots);
-    if (Py_SIZE(xcols) != n || Py_SIZE(weights) != n || Py_SIZE(own) != n ||
-        Py_SIZE(kvs) != n || Py_SIZE(kv_trues) != n) {
-        PyErr_SetString(PyExc_ValueError, "prefill_grid: per-call lists differ in length");
-        return NULL;
-    }
+    if (!arity(nargs, 22, "prefill_grid")) return NULL;
+    Window w;
+    if (window_from(&w, args, "prefill_grid") < 0) return NULL;
+    PyObject *pfs = w.pfs, *xcols = w.xcols, *weights = w.weights, *own = w.own;
+    PyObject *kvs = w.kvs, *kv_trues = w.kv_trues, *slots = w.slots;
+    double slack = w.slack;
+    int any_full = w.any_full;
+    Py_ssize_t n = w.n, m = w.m;
     Py_buffer view;
     if (PyObject_GetBuffer(args[21], &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
         < 0)
@@ -478,10 +534,7 @@ fail:
  * which become (float) min(delta * inv, clip); mask is 1 exactly there. Returns each row's
  * smallest delta (a float; inf when the row has no finite entry). */
 static PyObject *delta_grid(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "delta_grid takes 6 arguments, got %zd", nargs);
-        return NULL;
-    }
+    if (!arity(nargs, 6, "delta_grid")) return NULL;
     double inv = num(args[1]), clip = num(args[2]), masked = num(args[3]);
     if (PyErr_Occurred()) return NULL;
     Py_buffer dv, gv, mv;
@@ -555,19 +608,10 @@ fail:
  * PlanState._decode_limits_python: (min(capacity[d] - tokens[d]), any(count[d] >= max_batch[d]))
  * over the decode instances (slack inf with none). */
 static PyObject *decode_limits(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_Format(PyExc_TypeError, "decode_limits takes 4 arguments, got %zd", nargs);
-        return NULL;
-    }
+    static const char *const names[4] = {"capacity", "tokens", "count", "max_batch"};
+    Py_ssize_t D;
+    if (four_lists(args, nargs, "decode_limits", names, &D) < 0) return NULL;
     PyObject *cap = args[0], *tokens = args[1], *count = args[2], *top = args[3];
-    if (!is_seq(cap, "capacity") || !is_seq(tokens, "tokens") || !is_seq(count, "count") ||
-        !is_seq(top, "max_batch"))
-        return NULL;
-    Py_ssize_t D = Py_SIZE(cap);
-    if (Py_SIZE(tokens) != D || Py_SIZE(count) != D || Py_SIZE(top) != D) {
-        PyErr_SetString(PyExc_ValueError, "decode_limits: inconsistent sizes");
-        return NULL;
-    }
     double slack = INFINITY;
     int full = 0;
     for (Py_ssize_t d = 0; d < D; d++) {
@@ -611,10 +655,7 @@ static inline float clipped(double x, double clip) { return (float)(clip < x ? c
  * decode[d, cols[5]] = min(count[d] / max_batch[d], clip). min(x, clip) is Python's: x unless
  * clip < x. */
 static PyObject *observe_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 16) {
-        PyErr_Format(PyExc_TypeError, "observe_columns takes 16 arguments, got %zd", nargs);
-        return NULL;
-    }
+    if (!arity(nargs, 16, "observe_columns")) return NULL;
     PyObject *picked = args[1], *best = args[2], *age = args[3], *h_est = args[4];
     PyObject *free = args[6], *tokens = args[8], *count = args[9], *cap = args[10];
     PyObject *top = args[11], *cols = args[15];
@@ -742,26 +783,19 @@ static void plan_scan(Plan *W) {
 }
 
 /* pair_for_call over the plan's arrays for window slot i. Returns 1 with the pair, 0 when the
- * projection needs what the plan does not model (a decode limit that binds: slow_start), -1 on
- * error. */
+ * slot has no valid pair or its projection needs what the plan does not model (a decode limit
+ * that binds: slow_start), -1 on error. */
 static int plan_pair(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, double *obest) {
     Py_ssize_t K = W->K, P = W->P;
     double now = W->now, weight = W->weight[i], own = W->own[i], kv = W->kv[i];
     double kv_true = W->kvt[i], *fp = W->fp, *ready = W->ready;
-    const double *pf = W->pf + i * P, *x = W->x + i * W->D * K;
+    const double *pf = W->pf + i * P;
+    double *x = W->x + i * W->D * K;
     char *xread = W->xread + i * W->D;
     PyObject *xcall = at(W->xcols, i);
     int free_start = !W->any_full && kv <= W->slack;
     for (Py_ssize_t p = 0; p < P; p++) fp[p] = W->free[p] + pf[p];
-    for (Py_ssize_t k = 0; k < K; k++) {
-        Py_ssize_t j = W->mem_start[k], stop = W->mem_start[k + 1];
-        double r = fp[W->mem[j]];
-        for (j++; j < stop; j++) {
-            double v = fp[W->mem[j]];
-            if (v < r) r = v;
-        }
-        ready[k] = r;
-    }
+    class_ready(K, W->mem, W->mem_start, fp, ready);
     double best = INFINITY;
     Py_ssize_t ncols = 0;
     for (Py_ssize_t s = 0; s < W->nscan; s++) {
@@ -775,7 +809,7 @@ static int plan_pair(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
                 PyErr_SetString(PyExc_ValueError, "risk_plan: xcols rows need one entry per class");
                 return -1;
             }
-            for (Py_ssize_t k = 0; k < K; k++) W->x[(i * W->D + d) * K + k] = dat(row, k);
+            for (Py_ssize_t k = 0; k < K; k++) x[d * K + k] = dat(row, k);
             if (PyErr_Occurred()) return -1;
             xread[d] = 1;
         }
@@ -785,56 +819,16 @@ static int plan_pair(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
             double need = (kv < cap ? kv : cap) - W->room[d];
             if (!(need <= 0.0 && W->cnt[d] < W->maxb[d])) return 0; /* slow_start: not modelled */
         }
-        const double *xd = x + d * K;
-        double col = INFINITY;
-        for (Py_ssize_t k = 0; k < K; k++) {
-            double a = ready[k] + xd[k];
-            double v = (a > start ? a : start) + end;
-            if (v < col) col = v;
-        }
-        if (col < best) {
-            best = col;
-            W->cols[0] = d;
-            ncols = 1;
-        } else if (col == best) {
-            W->cols[ncols++] = d;
-        }
+        scan_column(K, ready, x + d * K, start, end, d, &best, W->cols, &ncols);
         W->starts[d] = start;
         W->ends[d] = end;
     }
     *obest = best;
     if (best == INFINITY) return 0; /* no valid pair: the pick raises in Python */
-    Py_ssize_t nreach = 0;
-    for (Py_ssize_t k = 0; k < K; k++) {
-        for (Py_ssize_t j = 0; j < ncols; j++) {
-            Py_ssize_t d = W->cols[j];
-            double a = ready[k] + x[d * K + k];
-            if ((a > W->starts[d] ? a : W->starts[d]) + W->ends[d] == best) {
-                W->reach[nreach++] = k;
-                break;
-            }
-        }
-    }
-    Py_ssize_t nmem = 0;
-    for (Py_ssize_t r = 0; r < nreach; r++)
-        for (Py_ssize_t j = W->mem_start[W->reach[r]]; j < W->mem_start[W->reach[r] + 1]; j++)
-            W->plist[nmem++] = W->mem[j];
-    if (nreach > 1) qsort(W->plist, (size_t)nmem, sizeof(Py_ssize_t), cmp_ssize);
-    for (Py_ssize_t m = 0; m < nmem; m++) {
-        Py_ssize_t p = W->plist[m];
-        double f = fp[p];
-        Py_ssize_t k = W->cls[p];
-        for (Py_ssize_t j = 0; j < ncols; j++) {
-            Py_ssize_t d = W->cols[j];
-            double a = f + x[d * K + k];
-            if ((a > W->starts[d] ? a : W->starts[d]) + W->ends[d] == best) {
-                *op = p, *od = d;
-                return 1;
-            }
-        }
-    }
-    PyErr_SetString(PyExc_AssertionError, "the minimum is reached by some pair");
-    return -1;
+    if (resolve_ties(K, W->mem, W->mem_start, W->cls, fp, ready, x, W->cols, ncols, W->starts,
+                     W->ends, best, W->reach, W->plist, op, od) < 0)
+        return -1;
+    return 1;
 }
 
 /* risk_plan(now, free, pf_members, pf_class, dec_kind, count, ctx, tokens, dec_static,
@@ -848,10 +842,7 @@ static int plan_pair(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
  * not model: a decode limit that binds (the slow-start releases), a slot without a valid pair,
  * or a zero horizon or NaN risk. */
 static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 23) {
-        PyErr_Format(PyExc_TypeError, "risk_plan takes 23 arguments, got %zd", nargs);
-        return NULL;
-    }
+    if (!arity(nargs, 23, "risk_plan")) return NULL;
     PyObject *free = args[1], *members = args[2], *cls = args[3], *kind = args[4];
     PyObject *count = args[5], *ctx = args[6], *tokens = args[7], *dec_static = args[8];
     PyObject *capacity = args[10], *pfs = args[11], *xcols = args[12], *weights = args[13];
@@ -1064,10 +1055,7 @@ static int append_level(PyObject *levels, unsigned long long k, unsigned long lo
 }
 
 static PyObject *match_levels(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "match_levels takes 2 arguments, got %zd", nargs);
-        return NULL;
-    }
+    if (!arity(nargs, 2, "match_levels")) return NULL;
     PyObject *holders = args[0], *blocks = args[1];
     if (!PyDict_CheckExact(holders)) {
         PyErr_Format(PyExc_TypeError, "holders must be a dict, got %s", Py_TYPE(holders)->tp_name);
@@ -1119,10 +1107,7 @@ fail:
  * holding none. Per decode instance of the scan that can hold the call: the candidate whose KV
  * arrives first (lowest index on ties), then the earliest finish (lowest d on ties). */
 static PyObject *earliest_pair(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 21) {
-        PyErr_Format(PyExc_TypeError, "earliest_pair takes 21 arguments, got %zd", nargs);
-        return NULL;
-    }
+    if (!arity(nargs, 21, "earliest_pair")) return NULL;
     double now = num(args[0]);
     PyObject *free = args[1], *members = args[2], *dec_static = args[3];
     Py_ssize_t top = PyLong_AsSsize_t(args[4]);
@@ -1257,19 +1242,10 @@ done:
  * hexagent_gym.placement.decode_scan_python: every decode instance holding a committed call or
  * committed tokens, and of each set of idle twins (equal kind, tokens and context) the first. */
 static PyObject *decode_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_Format(PyExc_TypeError, "decode_scan takes 4 arguments, got %zd", nargs);
-        return NULL;
-    }
+    static const char *const names[4] = {"kind", "tokens", "count", "ctx"};
+    Py_ssize_t D;
+    if (four_lists(args, nargs, "decode_scan", names, &D) < 0) return NULL;
     PyObject *kind = args[0], *tokens = args[1], *count = args[2], *ctx = args[3];
-    if (!is_seq(kind, "kind") || !is_seq(tokens, "tokens") || !is_seq(count, "count") ||
-        !is_seq(ctx, "ctx"))
-        return NULL;
-    Py_ssize_t D = Py_SIZE(count);
-    if (Py_SIZE(kind) != D || Py_SIZE(tokens) != D || Py_SIZE(ctx) != D) {
-        PyErr_SetString(PyExc_ValueError, "decode_scan: inconsistent sizes");
-        return NULL;
-    }
     /* the idle sets seen so far: (kind, tokens, ctx); few, so a linear search */
     Py_ssize_t *seen_kind = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)D + 1);
     double *seen_val = PyMem_Malloc(sizeof(double) * (size_t)(2 * D) + 1);
@@ -1321,10 +1297,7 @@ fail:
  * hexagent_gym.entities.prefill_free_times_python: (end if end > now else now) + (q if q > 0 else
  * 0) per prefill instance. */
 static PyObject *prefill_free_times(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "prefill_free_times takes 3 arguments, got %zd", nargs);
-        return NULL;
-    }
+    if (!arity(nargs, 3, "prefill_free_times")) return NULL;
     PyObject *run_end = args[0], *queued = args[2];
     double now = num(args[1]);
     if (PyErr_Occurred() || !is_seq(run_end, "run_end") || !is_seq(queued, "queued"))
