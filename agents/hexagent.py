@@ -62,9 +62,7 @@ class HexAgentPolicy(BasePolicy):
         self._dp: DecisionPoint | None = None
         self._seen: DecisionPoint | None = None  # last decision seen (cache view set up)
         self._inputs_of: DecisionPoint | None = None  # decision of _arrival and _h_est
-        self._plan_of: DecisionPoint | None = None  # decision of _plan (dp.risk_plan)
-        self._plan: list[tuple[int, int, int, float]] = []
-        self._plan_checked = 0  # picks of _plan_of already checked against _plan
+        self._plan_of: DecisionPoint | None = None  # last decision asked for dp.risk_plan
         self._arrival: list[float] = []
         self._h_est: list[float] = []
         self._order: list[int] = []
@@ -94,25 +92,15 @@ class HexAgentPolicy(BasePolicy):
         return slot, p, d
 
     def _ahead_pick(self, dp: DecisionPoint) -> tuple[int, int, int] | None:
-        """This pick from the compiled twin of this policy's ranking (``dp.risk_plan``), asked
-        once per decision at its first pick, while every pick made so far followed it; None:
+        """This pick from the compiled twin of this policy's ranking (``dp.risk_plan``, asked
+        once per decision at its first pick) while every pick made so far followed it; None:
         rank in Python (the twin stopped early, a pick left its plan, or none was asked)."""
         if dp is not self._plan_of:
             self._plan_of = dp
-            self._plan = dp.risk_plan() if not dp.plan else []
-            self._plan_checked = 0
-        plan, k = self._plan, len(dp.plan)
-        if k >= len(plan):
-            return None
-        for j in range(self._plan_checked, k):  # every pick so far must be the plan's
-            call, p, d, _ = dp.plan[j]
-            slot, pp, dd, _ = plan[j]
-            if call is not dp.calls[slot] or (p, d) != (pp, dd):
-                self._plan = []
-                return None
-        self._plan_checked = k
-        slot, p, d, _ = plan[k]
-        return slot, p, d
+            if not dp.plan:
+                dp.risk_plan()
+        planned = dp.planned_pick()
+        return None if planned is None else planned[:3]
 
     def _riskiest(self, dp: DecisionPoint) -> int:
         """``argmax(projected_risk(dp))`` over a short window in scalar Python: the same IEEE

@@ -271,6 +271,13 @@ class DecisionPoint:
         self._ahead, self._ahead_from = plan, len(self.plan)
         return plan
 
+    def planned_pick(self) -> tuple[int, int, int, float] | None:
+        """The next pick of the last :meth:`risk_plan` while every pick since followed it, as
+        ``(slot, p, d, Δ)``; None once the plan is used up or a pick left it."""
+        k = len(self.plan) - self._ahead_from
+        ahead = self._ahead
+        return ahead[k] if k < len(ahead) else None
+
     def _compiled_pairs(self) -> None:
         """Fill :meth:`_scalar_pair`'s cache for every unpicked slot in one compiled call."""
         pairs = self._pairs
@@ -316,11 +323,9 @@ class DecisionPoint:
         """Δ of one (slot, p, d) under the current Ŝ (one entry, not the row)."""
         if self._delta is not None:
             return float(self._delta[slot, p, d])
-        ahead = self._ahead
-        if ahead:
-            k = len(self.plan) - self._ahead_from
-            if k < len(ahead) and ahead[k][:3] == (slot, p, d):
-                return ahead[k][3]
+        planned = self.planned_pick()
+        if planned is not None and planned[:3] == (slot, p, d):
+            return planned[3]
         last = self._last
         if last is not None and last[:3] == (slot, p, d):
             return last[3]
@@ -376,10 +381,9 @@ class DecisionPoint:
                              f"feasible(slot) is True")
         prefill = self.stage == Stage.PREFILL
         self.state.commit(call, p, d, value, prefill, self._pf(call)[p] if prefill else None)
-        ahead = self._ahead
-        if ahead:  # a pick off the computed plan makes the rest of it stale
-            k = len(self.plan) - self._ahead_from
-            if k >= len(ahead) or ahead[k][:3] != (slot, p, d):
+        if self._ahead:  # a pick off the computed plan makes the rest of it stale
+            planned = self.planned_pick()
+            if planned is None or planned[:3] != (slot, p, d):
                 self._ahead = []
         self.plan.append((call, p, d, value))
         self.picked[slot] = True
