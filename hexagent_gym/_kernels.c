@@ -63,6 +63,94 @@ static int cmp_ssize(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Every prefill class's members, flattened: mem[mem_start[k]:mem_start[k + 1]] are class k's
+ * instances (each in [0, P), the classes splitting the P instances); -1 with a ValueError. */
+static int read_members(PyObject *members, Py_ssize_t P, const char *fn, Py_ssize_t *mem,
+                        Py_ssize_t *mem_start) {
+    Py_ssize_t K = Py_SIZE(members), nm = 0;
+    for (Py_ssize_t k = 0; k < K; k++) {
+        PyObject *m = at(members, k);
+        if (!is_seq(m, "pf_members[k]")) return -1;
+        if (Py_SIZE(m) < 1 || nm + Py_SIZE(m) > P) {
+            PyErr_Format(PyExc_ValueError, "%s: pf_members must split the prefill instances", fn);
+            return -1;
+        }
+        mem_start[k] = nm;
+        for (Py_ssize_t j = 0; j < Py_SIZE(m); j++) {
+            Py_ssize_t p = iat(m, j);
+            if (p < 0 || p >= P) {
+                if (!PyErr_Occurred())
+                    PyErr_Format(PyExc_ValueError, "%s: member %zd out of range", fn, p);
+                return -1;
+            }
+            mem[nm++] = p;
+        }
+    }
+    mem_start[K] = nm;
+    return 0;
+}
+
+/* A decode instance's call-independent terms of decode_terms: with n committed calls the step
+ * table's column b = min(n + 1, top), *bc = base[b] + slope[b] * ctx and *sl = slope[b]. row is
+ * the instance's (capacity, max_batch, base_row, slope_row). */
+static int row_terms(PyObject *row, Py_ssize_t n, Py_ssize_t top, double ctx, double *bc,
+                     double *sl) {
+    Py_ssize_t b = n < top ? n + 1 : top;
+    double slope = dat(at(row, 3), b);
+    *bc = dat(at(row, 2), b) + slope * ctx;
+    *sl = slope;
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* placement.decode_terms from a decode instance's terms (row_terms; cap and room = cap - its
+ * committed tokens; n committed calls of at most max_batch) for a call of decode weight, own
+ * context and KV demand kv: *end = weight * (bc + sl * own_ctx) - now, *start = now unless a
+ * limit binds, then slow_start(d, need, over). Returns 0; 1 when a limit binds and slow_start is
+ * NULL (the caller does not model it); -1 with an exception. */
+static int start_end(double now, double bc, double sl, double cap, double room, Py_ssize_t n,
+                     Py_ssize_t max_batch, double weight, double own_ctx, double kv,
+                     int free_start, PyObject *slow_start, Py_ssize_t d, double *start,
+                     double *end) {
+    *end = weight * (bc + sl * own_ctx) - now;
+    *start = now;
+    if (free_start) return 0;
+    double need = (kv < cap ? kv : cap) - room;
+    if (need <= 0.0 && n < max_batch) return 0;
+    if (slow_start == NULL) return 1;
+    PyObject *r = PyObject_CallFunction(slow_start, "ndn", d, need, n - max_batch + 1);
+    if (r == NULL) return -1;
+    *start = num(r);
+    Py_DECREF(r);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+/* placement.decode_scan_python over arrays: every instance holding a committed call or tokens,
+ * and of each set of idle twins (equal kind, tokens and context) the first; writes the scan and
+ * returns its length. seen_kind holds D entries, seen_val 2D. */
+static Py_ssize_t idle_scan(Py_ssize_t D, const Py_ssize_t *kind, const double *tokens,
+                            const Py_ssize_t *cnt, const double *ctx, Py_ssize_t *seen_kind,
+                            double *seen_val, Py_ssize_t *scan) {
+    Py_ssize_t nseen = 0, ns = 0;
+    for (Py_ssize_t d = 0; d < D; d++) {
+        double tk = tokens[d];
+        int take = cnt[d] != 0 || tk > 0.0;
+        if (!take) { /* the idle sets seen so far are few: a linear search */
+            Py_ssize_t j = 0;
+            while (j < nseen && !(seen_kind[j] == kind[d] && seen_val[2 * j] == tk &&
+                                  seen_val[2 * j + 1] == ctx[d]))
+                j++;
+            if (j == nseen) {
+                seen_kind[nseen] = kind[d];
+                seen_val[2 * nseen] = tk, seen_val[2 * nseen + 1] = ctx[d];
+                nseen++;
+                take = 1;
+            }
+        }
+        if (take) scan[ns++] = d;
+    }
+    return ns;
+}
+
 /* What every call of one Ŝ shares, read once per kernel call into C arrays: the prefill free
  * times and classes, the scan, and for each decode instance the kernel reads (the scan's, or
  * all of them when the scan is empty, as prefill_grid passes it) its call-independent decode
@@ -125,26 +213,7 @@ static int shared_from(Shared *S, PyObject *const *args, const char *fn) {
         S->free[p] = dat(free, p);
         S->cls[p] = iat(cls, p);
     }
-    Py_ssize_t nm = 0;
-    for (Py_ssize_t k = 0; k < K; k++) {
-        PyObject *m = at(members, k);
-        if (!is_seq(m, "pf_members[k]")) goto fail;
-        if (Py_SIZE(m) < 1 || nm + Py_SIZE(m) > P) {
-            PyErr_Format(PyExc_ValueError, "%s: pf_members must split the prefill instances", fn);
-            goto fail;
-        }
-        S->mem_start[k] = nm;
-        for (Py_ssize_t j = 0; j < Py_SIZE(m); j++) {
-            Py_ssize_t p = iat(m, j);
-            if (p < 0 || p >= P) {
-                if (!PyErr_Occurred())
-                    PyErr_Format(PyExc_ValueError, "%s: member %zd out of range", fn, p);
-                goto fail;
-            }
-            S->mem[nm++] = p;
-        }
-    }
-    S->mem_start[K] = nm;
+    if (read_members(members, P, fn, S->mem, S->mem_start) < 0) goto fail;
     for (Py_ssize_t j = 0; j < nscan; j++) {
         Py_ssize_t d = iat(scan, j);
         if (d < 0 || d >= D) {
@@ -159,13 +228,8 @@ static int shared_from(Shared *S, PyObject *const *args, const char *fn) {
         Py_ssize_t d = nscan ? S->scan[j] : j;
         PyObject *row = at(dec_static, d); /* (capacity, max_batch, base_row, slope_row) */
         if (!is_seq(row, "dec_static[d]")) goto fail;
-        PyObject *base_row = at(row, 2), *slope_row = at(row, 3);
         Py_ssize_t n = iat(count, d);
-        Py_ssize_t b = n < top ? n + 1 : top;
-        double slope = dat(slope_row, b);
-        /* decode_terms' end, less the call's terms: weight * ((base + slope * ctx[d]) + ...) */
-        S->bc[d] = dat(base_row, b) + slope * dat(ctx, d);
-        S->sl[d] = slope;
+        if (row_terms(row, n, top, dat(ctx, d), &S->bc[d], &S->sl[d]) < 0) goto fail;
         S->cap[d] = dat(row, 0);
         S->room[d] = S->cap[d] - dat(tokens, d);
         S->capacity[d] = dat(capacity, d);
@@ -183,24 +247,8 @@ fail:
  * sets *start and *end; -1 with an exception set when slow_start fails. */
 static int decode_terms(const Shared *S, Py_ssize_t d, double weight, double own_ctx, double kv,
                         int free_start, double *start, double *end) {
-    double now = S->now;
-    *end = weight * (S->bc[d] + S->sl[d] * own_ctx) - now;
-    if (free_start) {
-        *start = now;
-        return 0;
-    }
-    double cap = S->cap[d];
-    double need = (kv < cap ? kv : cap) - S->room[d];
-    Py_ssize_t n = S->cnt[d], max_batch = S->maxb[d];
-    if (need <= 0.0 && n < max_batch) {
-        *start = now;
-        return 0;
-    }
-    PyObject *r = PyObject_CallFunction(S->slow_start, "ndn", d, need, n - max_batch + 1);
-    if (r == NULL) return -1;
-    *start = num(r);
-    Py_DECREF(r);
-    return PyErr_Occurred() ? -1 : 0;
+    return start_end(S->now, S->bc[d], S->sl[d], S->cap[d], S->room[d], S->cnt[d], S->maxb[d],
+                     weight, own_ctx, kv, free_start, S->slow_start, d, start, end);
 }
 
 /* A call's transfer columns xcols[d][k] into the D x K C array x (row-major), for the decode
@@ -749,37 +797,14 @@ typedef struct {
  * computed when a pair first needs them after a change of d. */
 static int plan_terms(Plan *W, Py_ssize_t d) {
     W->fresh[d] = 1;
-    PyObject *row = at(W->dec_static, d);
-    Py_ssize_t n = W->cnt[d];
-    Py_ssize_t b = n < W->top ? n + 1 : W->top;
-    double slope = dat(at(row, 3), b);
-    W->bc[d] = dat(at(row, 2), b) + slope * W->ctx[d];
-    W->sl[d] = slope;
     W->room[d] = W->cap[d] - W->tokens[d];
-    return PyErr_Occurred() ? -1 : 0;
+    return row_terms(at(W->dec_static, d), W->cnt[d], W->top, W->ctx[d], &W->bc[d], &W->sl[d]);
 }
 
 /* placement.decode_scan_python over the plan's decode lists. */
 static void plan_scan(Plan *W) {
-    Py_ssize_t nseen = 0, ns = 0;
-    for (Py_ssize_t d = 0; d < W->D; d++) {
-        double tk = W->tokens[d];
-        int take = W->cnt[d] != 0 || tk > 0.0;
-        if (!take) {
-            Py_ssize_t j = 0;
-            while (j < nseen && !(W->seen_kind[j] == W->kind[d] && W->seen_val[2 * j] == tk &&
-                                  W->seen_val[2 * j + 1] == W->ctx[d]))
-                j++;
-            if (j == nseen) {
-                W->seen_kind[nseen] = W->kind[d];
-                W->seen_val[2 * nseen] = tk, W->seen_val[2 * nseen + 1] = W->ctx[d];
-                nseen++;
-                take = 1;
-            }
-        }
-        if (take) W->scan[ns++] = d;
-    }
-    W->nscan = ns;
+    W->nscan = idle_scan(W->D, W->kind, W->tokens, W->cnt, W->ctx, W->seen_kind, W->seen_val,
+                         W->scan);
 }
 
 /* pair_for_call over the plan's arrays for window slot i. Returns 1 with the pair, 0 when the
@@ -813,12 +838,10 @@ static int plan_pair(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
             if (PyErr_Occurred()) return -1;
             xread[d] = 1;
         }
-        double end = weight * (W->bc[d] + W->sl[d] * own) - now, start = now;
-        if (!free_start) {
-            double cap = W->cap[d];
-            double need = (kv < cap ? kv : cap) - W->room[d];
-            if (!(need <= 0.0 && W->cnt[d] < W->maxb[d])) return 0; /* slow_start: not modelled */
-        }
+        double start, end;
+        int r = start_end(now, W->bc[d], W->sl[d], W->cap[d], W->room[d], W->cnt[d], W->maxb[d],
+                          weight, own, kv, free_start, NULL, d, &start, &end);
+        if (r != 0) return r < 0 ? -1 : 0; /* a binding limit (slow_start): not modelled */
         scan_column(K, ready, x + d * K, start, end, d, &best, W->cols, &ncols);
         W->starts[d] = start;
         W->ends[d] = end;
@@ -928,26 +951,7 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
         W.free[p] = dat(free, p);
         W.cls[p] = iat(cls, p);
     }
-    Py_ssize_t nm = 0;
-    for (Py_ssize_t k = 0; k < K; k++) {
-        PyObject *m = at(members, k);
-        if (!is_seq(m, "pf_members[k]")) goto fail;
-        if (Py_SIZE(m) < 1 || nm + Py_SIZE(m) > P) {
-            PyErr_SetString(PyExc_ValueError, "risk_plan: pf_members must split the instances");
-            goto fail;
-        }
-        W.mem_start[k] = nm;
-        for (Py_ssize_t j = 0; j < Py_SIZE(m); j++) {
-            Py_ssize_t p = iat(m, j);
-            if (p < 0 || p >= P) {
-                if (!PyErr_Occurred())
-                    PyErr_Format(PyExc_ValueError, "risk_plan: member %zd out of range", p);
-                goto fail;
-            }
-            W.mem[nm++] = p;
-        }
-    }
-    W.mem_start[K] = nm;
+    if (read_members(members, P, "risk_plan", W.mem, W.mem_start) < 0) goto fail;
     for (Py_ssize_t d = 0; d < D; d++) {
         PyObject *row = at(dec_static, d);
         if (!is_seq(row, "dec_static[d]")) goto fail;
@@ -1191,23 +1195,14 @@ static PyObject *earliest_pair(PyObject *self, PyObject *const *args, Py_ssize_t
             goto done;
         }
         if (kv_true > dat(capacity, d)) continue;
-        /* decode_terms */
         PyObject *row = at(dec_static, d); /* (capacity, max_batch, base_row, slope_row) */
-        double cap = dat(row, 0);
-        Py_ssize_t max_batch = iat(row, 1), n = iat(count, d);
-        Py_ssize_t b = n < top ? n + 1 : top;
-        double slope = dat(at(row, 3), b);
-        double end = weight * ((dat(at(row, 2), b) + slope * dat(ctx, d)) + slope * own_ctx) - now;
-        double need = (kv < cap ? kv : cap) - (cap - dat(tokens, d));
-        if (PyErr_Occurred()) goto done;
-        double start = now;
-        if (!(need <= 0.0 && n < max_batch)) {
-            PyObject *r = PyObject_CallFunction(slow_start, "ndn", d, need, n - max_batch + 1);
-            if (r == NULL) goto done;
-            start = num(r);
-            Py_DECREF(r);
-            if (PyErr_Occurred()) goto done;
-        }
+        if (!is_seq(row, "dec_static[d]")) goto done;
+        double cap = dat(row, 0), bc, sl, start, end;
+        Py_ssize_t n = iat(count, d);
+        if (row_terms(row, n, top, dat(ctx, d), &bc, &sl) < 0) goto done;
+        if (start_end(now, bc, sl, cap, cap - dat(tokens, d), n, iat(row, 1), weight, own_ctx, kv,
+                      0, slow_start, d, &start, &end) < 0 || PyErr_Occurred())
+            goto done;
         double a = INFINITY;
         Py_ssize_t ap = -1;
         PyObject *xd = with_hits ? NULL : at(xcols, d);
@@ -1246,51 +1241,36 @@ static PyObject *decode_scan(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_ssize_t D;
     if (four_lists(args, nargs, "decode_scan", names, &D) < 0) return NULL;
     PyObject *kind = args[0], *tokens = args[1], *count = args[2], *ctx = args[3];
-    /* the idle sets seen so far: (kind, tokens, ctx); few, so a linear search */
-    Py_ssize_t *seen_kind = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)D + 1);
-    double *seen_val = PyMem_Malloc(sizeof(double) * (size_t)(2 * D) + 1);
-    PyObject *out = PyList_New(0);
-    Py_ssize_t nseen = 0;
-    if (seen_kind == NULL || seen_val == NULL || out == NULL) {
-        if (out != NULL) PyErr_NoMemory();
-        goto fail;
+    /* the lists as arrays, then the scan over them (seen_*: idle_scan's sets) */
+    double *vals = PyMem_Malloc(sizeof(double) * (size_t)(4 * D) + 1);
+    Py_ssize_t *ints = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(4 * D) + 1);
+    PyObject *out = NULL;
+    if (vals == NULL || ints == NULL) {
+        PyErr_NoMemory();
+        goto done;
     }
+    double *tk = vals, *cx = vals + D, *seen_val = vals + 2 * D;
+    Py_ssize_t *kd = ints, *cnt = ints + D, *seen_kind = ints + 2 * D, *scan = ints + 3 * D;
     for (Py_ssize_t d = 0; d < D; d++) {
-        Py_ssize_t n = iat(count, d);
-        double tk = dat(tokens, d);
-        if (PyErr_Occurred()) goto fail;
-        int scan = n != 0 || tk > 0.0;
-        if (!scan) {
-            Py_ssize_t k = iat(kind, d);
-            double cx = dat(ctx, d);
-            if (PyErr_Occurred()) goto fail;
-            Py_ssize_t j = 0;
-            while (j < nseen && !(seen_kind[j] == k && seen_val[2 * j] == tk &&
-                                  seen_val[2 * j + 1] == cx))
-                j++;
-            if (j == nseen) {
-                seen_kind[nseen] = k, seen_val[2 * nseen] = tk, seen_val[2 * nseen + 1] = cx;
-                nseen++;
-                scan = 1;
-            }
-        }
-        if (scan) {
-            PyObject *v = PyLong_FromSsize_t(d);
-            if (v == NULL || PyList_Append(out, v) < 0) {
-                Py_XDECREF(v);
-                goto fail;
-            }
-            Py_DECREF(v);
-        }
+        kd[d] = iat(kind, d), cnt[d] = iat(count, d);
+        tk[d] = dat(tokens, d), cx[d] = dat(ctx, d);
     }
-    PyMem_Free(seen_kind);
-    PyMem_Free(seen_val);
+    if (PyErr_Occurred()) goto done;
+    Py_ssize_t ns = idle_scan(D, kd, tk, cnt, cx, seen_kind, seen_val, scan);
+    out = PyList_New(ns);
+    if (out == NULL) goto done;
+    for (Py_ssize_t j = 0; j < ns; j++) {
+        PyObject *v = PyLong_FromSsize_t(scan[j]);
+        if (v == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, j, v);
+    }
+done:
+    PyMem_Free(vals);
+    PyMem_Free(ints);
     return out;
-fail:
-    PyMem_Free(seen_kind);
-    PyMem_Free(seen_val);
-    Py_XDECREF(out);
-    return NULL;
 }
 
 /* prefill_free_times(run_end, now, queued) -> [float, ...]

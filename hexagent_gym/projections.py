@@ -279,13 +279,17 @@ class Projections:
 
     def _own_decode_terms(self, call: Call) -> tuple[float, float]:
         """(earliest start, decode end − now) of a decode-stage call on its own instance."""
-        t, now, own = self.tables, self.now, call.decode_inst
+        return self._decode_terms_at(call, call.decode_inst)
+
+    def _decode_terms_at(self, call: Call, d: int) -> tuple[float, float]:
+        """(earliest start, decode end − now) of ``call`` on decode instance ``d`` under Ŝ: one
+        entry of :meth:`_decode_terms_all`."""
+        t, now = self.tables, self.now
         tokens, count, ctx = self._decode_lists()
         weight, own_ctx, kv, free_start = self._decode_inputs(call)
         if free_start:  # no decode limit binds: it is admitted now
-            return now, decode_end(t, own, now, count, ctx, weight, own_ctx)
-        return decode_terms(t, own, now, tokens, count, ctx, weight, own_ctx, kv,
-                            self.slow_start)
+            return now, decode_end(t, d, now, count, ctx, weight, own_ctx)
+        return decode_terms(t, d, now, tokens, count, ctx, weight, own_ctx, kv, self.slow_start)
 
     def _may_move(self, call: Call, own_start: float) -> bool:
         """Whether a waiting decode-stage call may move: free moves are on, its own instance has
@@ -335,36 +339,15 @@ class Projections:
 
     def prefill_delta_at_one(self, call: Call, pf: list[float], p: int, d: int) -> float:
         """One entry of :meth:`prefill_delta_one`'s row, (p, d), in scalar Python without a
-        :class:`CallBatch` (the same operations, so the same float as :meth:`prefill_delta_at`):
+        :class:`CallBatch` (the same operations, so the same float as :meth:`project_prefill`):
         the Δ of a pick placed elsewhere than its best pair. ``pf``: the prefill seconds the
         projection uses on each instance."""
         t = self.tables
         if call.kv_true > t.dec_capacity[d]:
             return INF
-        now = self.now
-        tokens, count, ctx = self._decode_lists()
-        weight, own_ctx, kv, free_start = self._decode_inputs(call)
-        if free_start:  # no decode limit binds: admitted now
-            start, end = now, decode_end(t, d, now, count, ctx, weight, own_ctx)
-        else:
-            start, end = decode_terms(t, d, now, tokens, count, ctx, weight, own_ctx, kv,
-                                      self.slow_start)
+        start, end = self._decode_terms_at(call, d)
         a = (self.free_l[p] + pf[p]) + (t.setup_list[p][d] + call.l_in * t.spt_list[p][d])
         return (a if a > start else start) + end
-
-    def prefill_delta_at(self, batch: CallBatch, p: int, d: int) -> float:
-        """One entry ``project_prefill(batch)[0, p, d]`` of a one-call batch (same float)."""
-        if batch.too_big[0, d]:
-            return INF
-        t = self.tables
-        arrive = (self.free_l[p] + batch.pf[0, p]) + (t.setup[p, d]
-                                                    + batch.l_in[0] * t.s_per_token[p, d])
-        start = self.decode_starts(batch.kv_pred)
-        if not isinstance(start, float):
-            start = start[0, d]
-        base, slope = self._tau
-        dec = batch.weight[0] * (base[d] + slope[d] * batch.ctx[0])
-        return float(max(arrive, start) + (dec - self.now))
 
     def project_decode(self, batch: CallBatch) -> np.ndarray:
         """Δ (n, P, D) for calls waiting at the decode stage; inf elsewhere.

@@ -170,7 +170,7 @@ def test_scalar_entry_of_a_pick_elsewhere_equals_the_numpy_projection(policy):
             slot, p, d = pol.pick(dp)
             one = dp.batch.row(slot)
             if dp.stage == Stage.PREFILL:
-                ref = dp.state.prefill_delta_at(one, p, d)
+                ref = float(dp.state.project_prefill(one)[0, p, d])
             elif p != dp.calls[slot].prefill_inst:
                 ref = np.inf
             else:
