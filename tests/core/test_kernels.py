@@ -478,7 +478,7 @@ def test_compiled_earliest_pair_where_decode_memory_binds():
     from hexagent_gym.placement import earliest_pair_python
 
     kernels.use_compiled(True)
-    fn = kernels._compiled.earliest_pair
+    assert kernels.earliest_pair is not None  # the compiled rule is the one placement_pair runs
     compared = binding = 0
     for dp in _prefill_picks(tight_memory_simulator):
         st = dp.state
@@ -497,7 +497,6 @@ def test_compiled_earliest_pair_where_decode_memory_binds():
             compared += 1
             binding += bool(used)
     assert compared > 20 and binding > 0  # the slow-start callback ran
-    assert fn is kernels.earliest_pair
 
 
 def placement_pair(st, call, slow_start):
@@ -520,3 +519,54 @@ def test_compiled_earliest_pair_errors():
     wrong[15] = [(0.25,), (0.25,)]  # two transfer rows for one decode instance
     with pytest.raises(ValueError, match="earliest_pair: inconsistent sizes"):
         fn(*wrong)
+
+
+def test_compiled_delta_grid_by_hand_and_clear_errors():
+    fn = kernels._compiled.delta_grid
+    # 2 calls on 1 prefill x 2 decode instances, encoded into K=3, P_max=2, D_max=2 slots at
+    # 0.5 units per second, clipped at 100: call 0's (0, 1) entry is invalid (inf), call 1's
+    # (0, 0) is 400 s (clipped)
+    delta = np.array([[[2.0, np.inf]], [[400.0, 6.0]]])
+    grid = np.zeros((3, 2, 2), dtype=np.float32)
+    mask = np.zeros(12, dtype=bool)
+    assert fn(delta, 0.5, 100.0, -1.0, grid, mask) == [2.0, 6.0]
+    assert grid[0].tolist() == [[1.0, -1.0], [-1.0, -1.0]]
+    assert grid[1].tolist() == [[100.0, 3.0], [-1.0, -1.0]]
+    assert grid[2].tolist() == [[-1.0, -1.0], [-1.0, -1.0]]
+    assert np.flatnonzero(mask).tolist() == [0, 4, 5]
+    all_inf = np.full((1, 1, 2), np.inf)
+    assert fn(all_inf, 1.0, 100.0, -1.0, grid, mask) == [math.inf] and not mask.any()
+    with pytest.raises(TypeError, match="takes 6 arguments"):
+        fn(delta)
+    with pytest.raises(ValueError, match="grid float32"):
+        fn(delta, 0.5, 100.0, -1.0, grid.astype(np.float64), mask)
+    with pytest.raises(ValueError, match="does not fit the grid"):
+        fn(np.zeros((4, 1, 2)), 0.5, 100.0, -1.0, grid, mask)
+
+
+def test_compiled_risk_plan_by_hand_and_clear_errors():
+    fn = kernels._compiled.risk_plan
+    # one prefill and one decode instance (batch-size table clamped at 1: the decode step is
+    # 1 s per unit of weight), two calls with 0.5 s prefills and no transfer. Call 1 arrived 1 s
+    # before call 0 with the same horizon: riskier, so first: Δ = 0.5 + 1 = 1.5; then call 0
+    # waits for the prefill instance: Δ = 0.5 + 0.5 + the decode step with two calls (1 s).
+    static = [(100.0, 4, (0.0, 1.0), (0.0, 0.0))]
+    args = [0.0, [0.0], [[0]], [0], [0], [0], [0.0], [0.0], static, 1, [100.0],
+            [[0.5], [0.5]], [((0.0,),), ((0.0,),)], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0],
+            [1.0, 1.0], [1.0, 1.0], [0.0, -1.0], [10.0, 10.0], 50.0, False, [False, False]]
+    assert fn(*args) == [(1, 0, 0, 1.5), (0, 0, 0, 2.0)]
+    picked = list(args)
+    picked[22] = [False, True]  # call 1 already picked: only call 0 is left
+    assert fn(*picked) == [(0, 0, 0, 1.5)]
+    full = list(args)
+    full[5], full[21] = [4], True  # d's batch is full: its start needs the releases (slow
+    assert fn(*full) == []  # start), which the plan does not model: it stops at once
+    spare = list(args)
+    spare[21] = True  # some batch is full, but not d's and d has room: the plan goes on
+    assert fn(*spare) == fn(*args)
+    with pytest.raises(TypeError, match="takes 23 arguments"):
+        fn(0.0)
+    short = list(args)
+    short[19] = [10.0]  # one horizon for two calls
+    with pytest.raises(ValueError, match="per-call lists differ in length"):
+        fn(*short)
