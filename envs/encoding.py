@@ -258,9 +258,11 @@ class Encoder:
         """Observation and flat joint mask (bool, length K·P_max·D_max) of the open decision
         point under the current Ŝ (call :meth:`begin` first).
 
-        This runs on every step. The Δ grid and mask are a fixed, small number of numpy calls;
-        the per-slot and per-instance columns are short Python lists (a numpy call's fixed cost
-        exceeds a list's at these sizes), with the same float64 operations, so the same values."""
+        This runs on every step. With the compiled kernels built, the Δ grid, mask and row minima
+        come from ``kernels.delta_grid`` and the per-step columns from
+        ``kernels.observe_columns``; without them, from a fixed number of numpy calls
+        (:meth:`_delta_grid`) and short Python lists (a numpy call's fixed cost exceeds a list's
+        at these sizes). Both do the same float64 operations, so the values are the same."""
         dp = self._dp
         assert dp is not None, "begin() must run before observe()"
         P, D = self.num_prefill, self.num_decode
