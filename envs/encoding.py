@@ -31,6 +31,7 @@ from hexagent_gym.decisions import Stage
 if TYPE_CHECKING:
     from hexagent_gym.cluster import ClusterSpec
     from hexagent_gym.decisions import DecisionPoint
+    from hexagent_gym.entities import Call, DecodeInstance, PrefillInstance
     from hexagent_gym.planner import ClusterTables
     from hexagent_gym.simulator import Simulator
 
@@ -72,6 +73,7 @@ _D_KV, _D_COUNT, _D_BATCH, _D_WAITING = (DECODE_FEATURES.index(x) for x in (
     "committed_kv", "committed_count", "batch", "waiting"))
 _G_UNPICKED, _G_PICKS = GLOBAL_FEATURES.index("unpicked"), GLOBAL_FEATURES.index("picks")
 _DYNAMIC_COLS = (_C_PICKED, _C_MIN, _C_RISK, _P_FREE, _D_KV, _D_COUNT)  # observe_columns' order
+_BEGIN_COLS = (_P_QUEUE, _P_RUNNING, _D_BATCH, _D_WAITING)  # begin_rows' order
 
 
 def _tok(x: float) -> float:
@@ -197,60 +199,22 @@ class Encoder:
         """Compute the features that stay fixed while the decision point is being picked."""
         self._dp = dp
         now = dp.now
-        inv = self.inv_ts
-        calls = dp.calls
-        n = len(calls)
+        n = len(dp.calls)
         decode_stage = dp.stage == Stage.DECODE
-        rows = []
-        age = []
-        h_est = []
-        for c in calls:
-            wf = c.workflow
-            a = now - wf.arrival
-            h = wf.h_est
-            age.append(a)
-            h_est.append(h if h > 0.0 else 1e-9)  # the core's H_w(t) is > 0; guard the division
-            entered = c.transfer_end if decode_stage else c.reveal_t
-            rows.append((
-                1.0, 0.0, a * inv, (now - entered) * inv, h * inv, a / h if h > 0.0 else 0.0,
-                _tok(c.l_in), _tok(c.l_out_pred), c.est_duration * inv, math.log1p(wf.num_done),
-                wf.service * inv, math.log1p(len(wf.open_calls)), CLIP, CLIP,
-            ))
-        table = self._calls_empty.copy()
-        if n:
-            block = table[:n]
-            block[:] = rows
-            np.minimum(block, CLIP, out=block)
-        self._calls = table
-        self._age = age
-        self._h_est = h_est
-        # prefix-cache hit fractions: fixed within a decision (caches change only between them);
-        # read from the calls' views, not dp.cached, so dp.batch is not built here
-        cached = self._cached_empty.copy()
-        if not decode_stage:
-            P = self.num_prefill
-            for i, c in enumerate(calls):
-                hits = c.cached
-                if hits is not None:  # token counts: exact in float64, so the same quotients
-                    whole = max(c.l_in, 1)
-                    cached[i, :P] = [min(h / whole, 1.0) for h in hits]
-        self._cached = cached
-
-        P, D = self.num_prefill, self.num_decode
-        pre = self._prefill_static.copy()
-        pre[:P, _P_QUEUE] = [math.log1p(len(inst.queue)) for inst in sim.prefill]
-        pre[:P, _P_RUNNING] = [inst.running is not None for inst in sim.prefill]
-        self._prefill = pre
-        dec = self._decode_static.copy()
-        dec_inst = sim.decode
-        dec[:D, _D_BATCH] = [len(inst.batch) / inst.max_batch for inst in dec_inst]
-        dec[:D, _D_WAITING] = [math.log1p(len(inst.waiting)) for inst in dec_inst]
-        self._decode = dec
+        # prefix-cache hit fractions are fixed within a decision (caches change only between
+        # them); they are read from the calls' views, not dp.cached, so dp.batch is not built here
+        table, cached = self._calls_empty.copy(), self._cached_empty.copy()
+        pre, dec = self._prefill_static.copy(), self._decode_static.copy()
+        rows = kernels.begin_rows if kernels.begin_rows is not None else _begin_rows_python
+        self._age, self._h_est = rows(dp.calls, decode_stage, now, self.inv_ts, CLIP, LOG_TOKENS,
+                                      table, cached, sim.prefill, pre, sim.decode, dec,
+                                      _BEGIN_COLS)
+        self._calls, self._cached, self._prefill, self._decode = table, cached, pre, dec
 
         arrived = len(sim.workflows)
         finished = len(sim.finished)
         self._globals = np.array(
-            (float(dp.stage), min(now * inv, CLIP), n / self.k, 0.0,
+            (float(dp.stage), min(now * self.inv_ts, CLIP), n / self.k, 0.0,
              math.log1p(max(sim.num_waiting(dp.stage) - n, 0)), arrived / num_workflows,
              finished / num_workflows, math.log1p(arrived - finished), 0.0), dtype=np.float32)
 
@@ -340,3 +304,50 @@ class Encoder:
             "cached": self._cached_empty.copy(),
         }
         return obs, np.zeros(self.num_actions, dtype=bool)
+
+
+def _begin_rows_python(calls: list[Call], decode_stage: bool, now: float, inv: float,
+                       clip: float, log_tokens: float, table: np.ndarray, cached: np.ndarray,
+                       prefill: list[PrefillInstance], pre: np.ndarray,
+                       decode: list[DecodeInstance], dec: np.ndarray,
+                       cols: tuple[int, int, int, int]) -> tuple[list[float], list[float]]:
+    """The features fixed within a decision point, written in place: the calls' rows of
+    ``table`` (CALL_FEATURES, clipped at ``clip``), their prefix-cache hit fractions in
+    ``cached`` (prefill stage), and the instances' queue, running, batch and waiting columns
+    ``cols`` of ``pre`` and ``dec``. Returns each call's age and its horizon guarded above 0.
+
+    The reference of the compiled ``kernels.begin_rows`` (same float64 operations in the same
+    order, then float32)."""
+    age, h_est, rows = [], [], []
+    for c in calls:
+        wf = c.workflow
+        a = now - wf.arrival
+        h = wf.h_est
+        age.append(a)
+        h_est.append(h if h > 0.0 else 1e-9)  # the core's H_w(t) is > 0; guard the division
+        entered = c.transfer_end if decode_stage else c.reveal_t
+        rows.append((
+            1.0, 0.0, a * inv, (now - entered) * inv, h * inv, a / h if h > 0.0 else 0.0,
+            math.log1p(c.l_in) / log_tokens, math.log1p(c.l_out_pred) / log_tokens,
+            c.est_duration * inv, math.log1p(wf.num_done), wf.service * inv,
+            math.log1p(len(wf.open_calls)), clip, clip,
+        ))
+    n = len(calls)
+    if n:
+        block = table[:n]
+        block[:] = rows
+        np.minimum(block, clip, out=block)
+    if not decode_stage:
+        P = len(prefill)
+        for i, c in enumerate(calls):
+            hits = c.cached
+            if hits is not None:  # token counts: exact in float64, so the same quotients
+                whole = max(c.l_in, 1)
+                cached[i, :P] = [min(h / whole, 1.0) for h in hits]
+    q, r, b, w = cols
+    P, D = len(prefill), len(decode)
+    pre[:P, q] = [math.log1p(len(inst.queue)) for inst in prefill]
+    pre[:P, r] = [inst.running is not None for inst in prefill]
+    dec[:D, b] = [len(inst.batch) / inst.max_batch for inst in decode]
+    dec[:D, w] = [math.log1p(len(inst.waiting)) for inst in decode]
+    return age, h_est

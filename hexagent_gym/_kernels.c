@@ -775,6 +775,179 @@ done:
     return result;
 }
 
+/* Interned attribute names of the core's entities read by begin_rows (set at import). */
+enum { A_WORKFLOW, A_ARRIVAL, A_H_EST, A_TRANSFER_END, A_REVEAL_T, A_L_IN, A_L_OUT_PRED,
+       A_EST_DURATION, A_NUM_DONE, A_SERVICE, A_OPEN_CALLS, A_CACHED, A_RUNNING, A_QUEUE,
+       A_BATCH, A_MAX_BATCH, A_WAITING, A_COUNT };
+static const char *const attr_names[A_COUNT] = {
+    "workflow", "arrival", "h_est", "transfer_end", "reveal_t", "l_in", "l_out_pred",
+    "est_duration", "num_done", "service", "open_calls", "cached", "running", "queue", "batch",
+    "max_batch", "waiting"};
+static PyObject *attr_str[A_COUNT];
+
+/* obj.<name> as a double (attr_num) or len(obj.<name>) (attr_len); with an error set when the
+ * attribute is missing or of the wrong kind (the caller checks PyErr_Occurred). */
+static double attr_num(PyObject *obj, int name) {
+    PyObject *v = PyObject_GetAttr(obj, attr_str[name]);
+    if (v == NULL) return NAN;
+    double x = num(v);
+    Py_DECREF(v);
+    return x;
+}
+
+static double attr_len(PyObject *obj, int name) {
+    PyObject *v = PyObject_GetAttr(obj, attr_str[name]);
+    if (v == NULL) return -1.0;
+    Py_ssize_t n = PyObject_Size(v);
+    Py_DECREF(v);
+    return (double)n;
+}
+
+/* begin_rows(calls, decode_stage, now, inv, clip, log_tokens, table, cached, prefill, pre,
+ *            decode, dec, cols) -> (age, h_est)
+ * envs.encoding.Encoder._begin_rows_python, compiled: the features fixed within a decision
+ * point. For each call i (a Call of the core): table[i] (float32, 14 columns in CALL_FEATURES'
+ * order) = min(row, clip) of (1, 0, a * inv, (now - entered) * inv, h * inv, a / h or 0 when
+ * h <= 0, tok(l_in), tok(l_out_pred), est_duration * inv, log1p(num_done), service * inv,
+ * log1p(len(open_calls)), clip, clip) with a = now - workflow.arrival, h = workflow.h_est,
+ * entered = transfer_end at the decode stage else reveal_t, tok(x) = log1p(x) / log_tokens;
+ * at the prefill stage, cached[i, p] = min(cached_hits[p] / max(l_in, 1), 1) for calls whose
+ * cached view is set. For each prefill instance p: pre[p, cols[0]] = log1p(len(queue)),
+ * pre[p, cols[1]] = running is not None; for each decode instance d:
+ * dec[d, cols[2]] = len(batch) / max_batch, dec[d, cols[3]] = log1p(len(waiting)).
+ * Returns the lists age (a per call) and h_est (h, or 1e-9 when h <= 0). Arithmetic in float64
+ * in the Python order, then float32. */
+static PyObject *begin_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 13, "begin_rows")) return NULL;
+    PyObject *calls = args[0], *pinst = args[8], *dinst = args[10], *cols = args[12];
+    int decode_stage = PyObject_IsTrue(args[1]);
+    double now = num(args[2]), inv = num(args[3]), clip = num(args[4]), lt = num(args[5]);
+    if (decode_stage < 0 || PyErr_Occurred() || !is_seq(calls, "calls") ||
+        !is_seq(pinst, "prefill") || !is_seq(dinst, "decode") || !is_seq(cols, "cols"))
+        return NULL;
+    if (Py_SIZE(cols) != 4) {
+        PyErr_SetString(PyExc_ValueError, "begin_rows: cols must hold 4 column indices");
+        return NULL;
+    }
+    Py_ssize_t c[4];
+    for (int j = 0; j < 4; j++) c[j] = iat(cols, j);
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t n = Py_SIZE(calls), P = Py_SIZE(pinst), D = Py_SIZE(dinst);
+    Py_buffer tv, kv, pv, dv;
+    int got = 0;
+    PyObject *age = NULL, *hest = NULL, *result = NULL, *wf = NULL, *hits = NULL;
+    if (f32_matrix(args[6], &tv, "table") < 0) return NULL;
+    got = 1;
+    if (f32_matrix(args[7], &kv, "cached") < 0) goto done;
+    got = 2;
+    if (f32_matrix(args[9], &pv, "pre") < 0) goto done;
+    got = 3;
+    if (f32_matrix(args[11], &dv, "dec") < 0) goto done;
+    got = 4;
+    Py_ssize_t tw = tv.shape[1], kw = kv.shape[1], pw = pv.shape[1], dw = dv.shape[1];
+    if (tw != 14 || n > tv.shape[0] || n > kv.shape[0] || P > kw || P > pv.shape[0] ||
+        D > dv.shape[0] || c[0] < 0 || c[1] < 0 || c[0] >= pw || c[1] >= pw || c[2] < 0 ||
+        c[3] < 0 || c[2] >= dw || c[3] >= dw) {
+        PyErr_SetString(PyExc_ValueError, "begin_rows: rows or columns out of range (table "
+                        "must have 14 columns)");
+        goto done;
+    }
+    age = PyList_New(n);
+    hest = PyList_New(n);
+    if (age == NULL || hest == NULL) goto done;
+    float *table = tv.buf, *cached = kv.buf, *pre = pv.buf, *dec = dv.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *call = at(calls, i);
+        wf = PyObject_GetAttr(call, attr_str[A_WORKFLOW]);
+        if (wf == NULL) goto done;
+        /* read one by one, stopping at the first error (no API call with an error set) */
+        static const int from_wf[5] = {A_ARRIVAL, A_H_EST, A_NUM_DONE, A_SERVICE, A_OPEN_CALLS};
+        double w[5], cv[4];
+        int from_call[4] = {decode_stage ? A_TRANSFER_END : A_REVEAL_T, A_L_IN, A_L_OUT_PRED,
+                            A_EST_DURATION};
+        for (int j = 0; j < 5; j++) {
+            w[j] = j == 4 ? attr_len(wf, from_wf[j]) : attr_num(wf, from_wf[j]);
+            if (PyErr_Occurred()) goto done;
+        }
+        for (int j = 0; j < 4; j++) {
+            cv[j] = attr_num(call, from_call[j]);
+            if (PyErr_Occurred()) goto done;
+        }
+        Py_CLEAR(wf);
+        double a = now - w[0], h = w[1], done_n = w[2], service = w[3], opened = w[4];
+        double entered = cv[0], l_in = cv[1], l_out = cv[2], est = cv[3];
+        PyObject *av = PyFloat_FromDouble(a), *hv = PyFloat_FromDouble(h > 0.0 ? h : 1e-9);
+        if (av == NULL || hv == NULL) {
+            Py_XDECREF(av);
+            Py_XDECREF(hv);
+            goto done;
+        }
+        PyList_SET_ITEM(age, i, av);
+        PyList_SET_ITEM(hest, i, hv);
+        double row[14] = {1.0, 0.0, a * inv, (now - entered) * inv, h * inv,
+                          h > 0.0 ? a / h : 0.0, log1p(l_in) / lt, log1p(l_out) / lt, est * inv,
+                          log1p(done_n), service * inv, log1p(opened), clip, clip};
+        float *out = table + i * tw;
+        for (int j = 0; j < 14; j++) out[j] = clipped(row[j], clip);
+        if (decode_stage) continue;
+        hits = PyObject_GetAttr(call, attr_str[A_CACHED]);
+        if (hits == NULL) goto done;
+        if (hits != Py_None) {
+            if (!is_seq(hits, "Call.cached")) goto done;
+            if (Py_SIZE(hits) != P) {
+                PyErr_SetString(PyExc_ValueError, "begin_rows: a call's cached view does not "
+                                "have one entry per prefill instance");
+                goto done;
+            }
+            double whole = l_in > 1.0 ? l_in : 1.0;
+            for (Py_ssize_t p = 0; p < P; p++) {
+                double hit = dat(hits, p);
+                if (PyErr_Occurred()) goto done;
+                cached[i * kw + p] = clipped(hit / whole, 1.0);
+            }
+        }
+        Py_CLEAR(hits);
+    }
+    for (Py_ssize_t p = 0; p < P; p++) {
+        PyObject *inst = at(pinst, p), *running = PyObject_GetAttr(inst, attr_str[A_RUNNING]);
+        if (running == NULL) goto done;
+        double queued = attr_len(inst, A_QUEUE);
+        if (PyErr_Occurred()) {
+            Py_DECREF(running);
+            goto done;
+        }
+        pre[p * pw + c[0]] = (float)log1p(queued);
+        pre[p * pw + c[1]] = running != Py_None ? 1.0f : 0.0f;
+        Py_DECREF(running);
+    }
+    for (Py_ssize_t d = 0; d < D; d++) {
+        PyObject *inst = at(dinst, d);
+        double batch = attr_len(inst, A_BATCH);
+        if (PyErr_Occurred()) goto done;
+        double top = attr_num(inst, A_MAX_BATCH);
+        if (PyErr_Occurred()) goto done;
+        double waiting = attr_len(inst, A_WAITING);
+        if (PyErr_Occurred()) goto done;
+        if (top == 0.0) {
+            PyErr_SetString(PyExc_ZeroDivisionError, "begin_rows: a decode max_batch is 0");
+            goto done;
+        }
+        dec[d * dw + c[2]] = (float)(batch / top);
+        dec[d * dw + c[3]] = (float)log1p(waiting);
+    }
+    result = PyTuple_Pack(2, age, hest);
+done:
+    Py_XDECREF(wf);
+    Py_XDECREF(hits);
+    Py_XDECREF(age);
+    Py_XDECREF(hest);
+    if (got >= 1) PyBuffer_Release(&tv);
+    if (got >= 2) PyBuffer_Release(&kv);
+    if (got >= 3) PyBuffer_Release(&pv);
+    if (got >= 4) PyBuffer_Release(&dv);
+    return result;
+}
+
 /* The mutable Ŝ and the window of risk_plan, as C arrays. */
 typedef struct {
     double now, slack;
@@ -1319,6 +1492,9 @@ static PyMethodDef methods[] = {
     {"observe_columns", (PyCFunction)(void (*)(void))observe_columns, METH_FASTCALL,
      "observe_columns(calls, picked, best, age, h_est, prefill, free, decode, tokens, count, "
      "capacity, max_batch, inv, clip, now, cols) -> None: the env's per-step columns."},
+    {"begin_rows", (PyCFunction)(void (*)(void))begin_rows, METH_FASTCALL,
+     "begin_rows(calls, decode_stage, now, inv, clip, log_tokens, table, cached, prefill, pre, "
+     "decode, dec, cols) -> (age, h_est): the env's per-decision features."},
     {"risk_plan", (PyCFunction)(void (*)(void))risk_plan, METH_FASTCALL,
      "risk_plan(...) -> [(slot, p, d, delta)]: agents.hexagent's ranking of a prefill window, "
      "compiled (see the source)."},
@@ -1337,4 +1513,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels",
                                     "Compiled twins of the core's scalar placement rules.", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit__kernels(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__kernels(void) {
+    for (int i = 0; i < A_COUNT; i++)
+        if (attr_str[i] == NULL && (attr_str[i] = PyUnicode_InternFromString(attr_names[i])) == NULL)
+            return NULL;
+    return PyModule_Create(&module);
+}

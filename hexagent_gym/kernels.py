@@ -56,6 +56,10 @@ risk_plan = None
 """The compiled twin of ``agents.hexagent``'s ranking of a prefill window
 (``DecisionPoint.risk_plan``), or None."""
 
+begin_rows = None
+"""The env observation's per-decision features (call rows, cache-hit fractions, instance
+queues and batches), compiled (``envs.encoding._begin_rows_python``, same values), or None."""
+
 observe_columns = None
 """The env observation's per-step columns (min Δ, risk, Ŝ's free times and decode loads),
 compiled (``envs.encoding.Encoder.observe``'s Python lists, same values), or None."""
@@ -64,7 +68,7 @@ compiled (``envs.encoding.Encoder.observe``'s Python lists, same values), or Non
 def use_compiled(on: bool) -> None:
     """Run the compiled kernels (``on``, if built) or the pure-Python rules from now on."""
     global best_prefill_pairs, prefill_grid, delta_grid, decode_scan, prefill_free_times
-    global decode_limits, observe_columns, risk_plan, match_levels, earliest_pair
+    global decode_limits, observe_columns, risk_plan, match_levels, earliest_pair, begin_rows
     on = bool(on and AVAILABLE)
     best_prefill_pairs = _compiled.best_prefill_pairs if on else None
     prefill_grid = _compiled.prefill_grid if on else None
@@ -73,6 +77,7 @@ def use_compiled(on: bool) -> None:
     prefill_free_times = _compiled.prefill_free_times if on else None
     decode_limits = _compiled.decode_limits if on else None
     observe_columns = _compiled.observe_columns if on else None
+    begin_rows = _compiled.begin_rows if on else None
     risk_plan = _compiled.risk_plan if on else None
     match_levels = _compiled.match_levels if on else None
     earliest_pair = _compiled.earliest_pair if on else None
@@ -80,6 +85,6 @@ def use_compiled(on: bool) -> None:
 
 use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
 
-__all__ = ["AVAILABLE", "best_prefill_pairs", "decode_limits", "decode_scan", "delta_grid",
-           "earliest_pair", "match_levels", "observe_columns", "prefill_free_times",
+__all__ = ["AVAILABLE", "begin_rows", "best_prefill_pairs", "decode_limits", "decode_scan",
+           "delta_grid", "earliest_pair", "match_levels", "observe_columns", "prefill_free_times",
            "prefill_grid", "risk_plan", "use_compiled"]

@@ -570,3 +570,83 @@ def test_compiled_risk_plan_by_hand_and_clear_errors():
     short[19] = [10.0]  # one horizon for two calls
     with pytest.raises(ValueError, match="per-call lists differ in length"):
         fn(*short)
+
+
+def _begin_fixture():
+    """Two calls (the first of a workflow with no horizon yet, the second with a cached view
+    and an empty prompt), one idle and one busy prefill instance, two decode instances."""
+    from types import SimpleNamespace as NS
+    wf0 = NS(arrival=1.0, h_est=0.0, num_done=0, service=0.0, open_calls=[1])
+    wf1 = NS(arrival=2.0, h_est=4.0, num_done=3, service=1.5, open_calls=[1, 2])
+    calls = [NS(workflow=wf0, reveal_t=2.0, transfer_end=9.0, l_in=99, l_out_pred=9,
+                est_duration=0.5, cached=None),
+             NS(workflow=wf1, reveal_t=3.0, transfer_end=9.0, l_in=0, l_out_pred=0,
+                est_duration=2.0, cached=[0, 3])]
+    prefill = [NS(queue=[], running=None), NS(queue=[1, 2, 3], running=object())]
+    decode = [NS(batch=[1], max_batch=4, waiting=[]), NS(batch=[], max_batch=2, waiting=[1])]
+    return calls, prefill, decode
+
+
+@pytest.mark.parametrize("decode_stage", [False, True])
+def test_compiled_begin_rows_by_hand_and_equal_to_python(decode_stage):
+    from envs.encoding import _begin_rows_python
+    calls, prefill, decode = _begin_fixture()
+
+    def run(fn):
+        out = (np.zeros((3, 14), np.float32), np.zeros((3, 2), np.float32),
+               np.zeros((2, 4), np.float32), np.zeros((2, 3), np.float32))
+        age, h = fn(calls, decode_stage, 5.0, 0.5, 100.0, 10.0, out[0], out[1], prefill, out[2],
+                    decode, out[3], (0, 1, 2, 0))
+        return age, h, out
+
+    age, h, (table, cached, pre, dec) = run(kernels._compiled.begin_rows)
+    assert age == [4.0, 3.0] and h == [1e-9, 4.0]  # a horizon of 0 is guarded above 0
+    # call 1: age 3 s and horizon 4 s at 0.5 units per s; waited since reveal (3 s) or the end
+    # of its transfer (9 s, later than now: negative); log1p(0) tokens
+    wait = (5.0 - (9.0 if decode_stage else 3.0)) * 0.5
+    expected = [1.0, 0.0, 1.5, wait, 2.0, 0.75, 0.0, 0.0, 1.0, math.log1p(3), 0.75,
+                math.log1p(2), 100.0, 100.0]
+    assert table[1].tolist() == np.float32(expected).tolist()
+    assert table[0, 5] == 0.0 and table[0, 6] == np.float32(math.log1p(99) / 10.0)
+    assert table[2].tolist() == [0.0] * 14  # beyond the window: untouched
+    # hits [0, 3] of an empty prompt: divided by 1 and capped at 1; nothing at the decode stage
+    assert cached.tolist() == ([[0, 0], [0, 0], [0, 0]] if decode_stage
+                               else [[0, 0], [0.0, 1.0], [0, 0]])
+    assert pre[:, 0].tolist() == [0.0, np.float32(math.log1p(3))]
+    assert pre[:, 1].tolist() == [0.0, 1.0]
+    assert dec[:, 2].tolist() == [0.25, 0.0] and dec[:, 0].tolist() == [0.0,
+                                                                       np.float32(math.log1p(1))]
+    py_age, py_h, py_out = run(_begin_rows_python)
+    assert (age, h) == (py_age, py_h)
+    for a, b in zip((table, cached, pre, dec), py_out, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_compiled_begin_rows_errors_name_the_problem():
+    from types import SimpleNamespace as NS
+    fn = kernels._compiled.begin_rows
+    calls, prefill, decode = _begin_fixture()
+    table, cached = np.zeros((3, 14), np.float32), np.zeros((3, 2), np.float32)
+    pre, dec = np.zeros((2, 4), np.float32), np.zeros((2, 3), np.float32)
+
+    def call(**change):
+        args = dict(calls=calls, table=table, pre=pre, cols=(0, 1, 2, 0), decode=decode)
+        args.update(change)
+        return fn(args["calls"], False, 5.0, 0.5, 100.0, 10.0, args["table"], cached, prefill,
+                  args["pre"], args["decode"], dec, args["cols"])
+
+    with pytest.raises(TypeError, match="takes 13 arguments"):
+        fn(calls)
+    with pytest.raises(ValueError, match="table must be a 2-D float32 array"):
+        call(table=np.zeros((3, 14)))
+    with pytest.raises(ValueError, match="table must have 14 columns"):
+        call(table=np.zeros((3, 13), np.float32))
+    with pytest.raises(ValueError, match="out of range"):
+        call(cols=(0, 9, 2, 0))
+    with pytest.raises(AttributeError, match="l_out_pred"):
+        call(calls=[NS(workflow=calls[0].workflow, reveal_t=0.0, transfer_end=0.0, l_in=1)])
+    with pytest.raises(ValueError, match="one entry per prefill instance"):
+        bad = NS(**{**vars(calls[1]), "cached": [1]})
+        call(calls=[bad])
+    with pytest.raises(ZeroDivisionError, match="max_batch is 0"):
+        call(decode=[NS(batch=[], max_batch=0, waiting=[])] * 2)

@@ -222,6 +222,47 @@ def test_dynamic_features_equal_a_direct_numpy_computation_at_every_step(overrid
         kernels.use_compiled(True)
 
 
+@pytest.mark.parametrize("overrides", [
+    dict(cluster="hetero-1", trace="bfcl_v3", num_workflows=40, arrival_rate=60.0, seed=1),
+    dict(cluster="hetero-1-lowmem", trace="agent_sessions", num_workflows=8, load=3.0, seed=3,
+         p_max=10, d_max=9, max_calls_per_decision=4),
+    dict(cluster="hetero-1", trace="mixed", num_workflows=20, load=3.0, seed=2),
+], ids=["hetero-1", "lowmem-padded", "mixed"])
+def test_whole_observations_are_the_same_with_and_without_the_kernels(overrides):
+    # every key of every observation (the per-decision rows of begin_rows included) and every
+    # mask, bit for bit, along one episode of the same random valid actions
+    if not kernels.AVAILABLE:
+        pytest.skip("the compiled kernels are not built")
+
+    def episode(compiled):
+        kernels.use_compiled(compiled)
+        try:
+            env = hexagent_gym.make(**overrides)
+            rng = np.random.default_rng(4)
+            obs, _ = env.reset(seed=0)
+            seen = [(obs, env.action_masks())]
+            terminated = False
+            while not terminated:
+                obs, _, terminated, _, _ = env.step(random_valid(env, rng))
+                seen.append((obs, env.action_masks()))
+            return seen
+        finally:
+            kernels.use_compiled(True)
+
+    fast, slow = episode(True), episode(False)
+    assert len(fast) == len(slow) > 50
+    cached_rows = 0
+    for (a, ma), (b, mb) in zip(fast, slow, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key].dtype == b[key].dtype
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+        np.testing.assert_array_equal(ma, mb)
+        cached_rows += int((a["cached"] > 0).any())
+    if overrides["trace"] != "agent_sessions":
+        assert cached_rows > 0  # prefix-cache hits were encoded along the way
+
+
 def _check_dynamic_features(overrides):
     env = hexagent_gym.make(**overrides)
     rng = np.random.default_rng(0)
