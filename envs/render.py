@@ -8,6 +8,7 @@ is built on demand.
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from hexagent_gym.decisions import Stage
@@ -22,6 +23,7 @@ STEP_INFO_KEYS = ("sim_time", "waiting_prefill", "waiting_decode", "running_pref
 them without ``_key`` holes."""
 
 _WINDOW_ROWS = 8  # calls listed by the render (the rest are counted)
+_running, _batch = attrgetter("running"), attrgetter("batch")  # step_info runs on every step
 
 
 def step_info(sim: Simulator) -> dict[str, Any]:
@@ -35,8 +37,8 @@ def step_info(sim: Simulator) -> dict[str, Any]:
         "sim_time": float(sim.now),
         "waiting_prefill": sim.num_waiting(Stage.PREFILL),
         "waiting_decode": sim.num_waiting(Stage.DECODE),
-        "running_prefill": sum(inst.running is not None for inst in sim.prefill),
-        "running_decode": sum(len(inst.batch) for inst in sim.decode),
+        "running_prefill": len(sim.prefill) - list(map(_running, sim.prefill)).count(None),
+        "running_decode": sum(map(len, map(_batch, sim.decode))),
         "workflows_arrived": len(sim.workflows),
         "workflows_finished": len(sim.finished),
     }

@@ -24,6 +24,7 @@ def mean_own_context(l_in, l_out):
     return l_in + 0.5 * (l_out - 1.0)
 
 
+_KEPT_INF_GRIDS = 32  # largest window whose inf Δ array inf_grid keeps
 _XCOL_CACHE_FLOATS = 1 << 21  # transfer-column floats ClusterTables keeps (at most ≈ 64 MB)
 _SLOPE_SPAN = 8192.0  # context tokens over which the per-token slope of step time is measured
 
@@ -63,6 +64,7 @@ class ClusterTables:
         self.spt_cls = self.s_per_token[self.pf_rep]
         self._class_sizes = [len(m) for m in self.pf_members]
         self._xcol_cache: dict[int, tuple[tuple[float, ...], ...]] = {}
+        self._inf_grids: dict[int, np.ndarray] = {}
         self._xcol_cache_size = max(256, _XCOL_CACHE_FLOATS // (self.num_decode
                                                                * len(self.pf_models)))
         width = int(self.max_batch.max()) + 2
@@ -130,6 +132,18 @@ class ClusterTables:
             hit = 1.0 / sum(n / t for n, t in zip(self._class_sizes, per_class, strict=True))
             self._pool_cache[key] = hit
         return hit
+
+    def inf_grid(self, n: int) -> np.ndarray:
+        """A fresh float64 (n, P, D) array of inf (a window's Δ before its entries are set):
+        for windows up to 32 calls a copy of a kept one, cheaper than ``np.full`` at these
+        sizes (the kept arrays stay bounded however long the windows get)."""
+        kept = self._inf_grids.get(n)
+        if kept is None:
+            kept = np.full((n, self.num_prefill, self.num_decode), np.inf)
+            if n > _KEPT_INF_GRIDS:
+                return kept
+            self._inf_grids[n] = kept
+        return kept.copy()
 
     def transfer_cols(self, input_tokens: int) -> tuple[tuple[float, ...], ...]:
         """KV-transfer seconds per (decode instance, prefill class) of a prompt, cached (tuples,

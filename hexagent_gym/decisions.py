@@ -134,12 +134,12 @@ class DecisionPoint:
             if self.stage == Stage.DECODE and self._scalar_window():
                 delta = self._scalar_decode_delta()
             elif self.stage == Stage.PREFILL and kernels.prefill_grid is not None:
-                delta = np.full((len(self.calls), self.num_prefill, self.num_decode), np.inf)
+                delta = self.state.tables.inf_grid(len(self.calls))
                 self.state.prefill_grid(self._kernel_inputs(), self.remaining, delta)
             elif self.stage == Stage.PREFILL and self._remaining == 1:  # one row, no CallBatch
                 slot = self.picked.index(False)
                 call = self.calls[slot]
-                delta = np.full((len(self.calls), self.num_prefill, self.num_decode), np.inf)
+                delta = self.state.tables.inf_grid(len(self.calls))
                 delta[slot] = self.state.prefill_delta_one(call, self._pf(call))
             else:
                 if self.stage == Stage.PREFILL:
@@ -156,8 +156,7 @@ class DecisionPoint:
         :class:`CallBatch` (the same floats as :meth:`PlanState.project_decode`): each call has
         one row that can be finite, its prefill instance's. (At the prefill stage every entry can
         be finite and numpy's projection is faster from one call up, measured on hetero-1.)"""
-        P, D = self.num_prefill, self.num_decode
-        delta = np.full((len(self.calls), P, D), np.inf)
+        delta = self.state.tables.inf_grid(len(self.calls))
         state = self.state
         for i, call in enumerate(self.calls):
             if not self.picked[i]:

@@ -199,6 +199,14 @@ class EpisodeFactory:
             return None
         return offered_load(self.tables, self.trace.workflows, self.arrival_rate)
 
+    def fill_horizons(self) -> int:
+        """Compute the standalone horizon of every workflow of the trace now (episodes compute
+        each one on first arrival and keep it): the cache a long training run converges to.
+        Returns how many the cache holds."""
+        for spec in self.trace.workflows:
+            self.horizons.get(spec)
+        return len(self.horizons)
+
     def workload(self, seed: int) -> tuple[EpisodeWorkload, np.random.Generator]:
         """Sample the episode's workflows and arrivals; returns the generator for the rest."""
         rng = np.random.default_rng(seed)

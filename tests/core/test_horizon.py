@@ -132,3 +132,19 @@ def test_sub_cluster_horizons_equal_the_full_cluster_bit_for_bit(trace):
     if any(not _is_chain(spec) for spec in picked):  # (chains take the chain shortcut)
         assert min(len(sub.prefill) for sub, *_ in cache._sub.values()) == 12  # 4 per kind
 
+
+
+def test_filled_horizons_are_the_ones_episodes_compute_on_arrival():
+    from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+    config = EpisodeConfig(cluster="hetero-1", trace="agent_sessions", num_workflows=20,
+                           load=1.0, seed=3)
+    filled = EpisodeFactory(config)
+    assert len(filled.horizons) == 0
+    assert filled.fill_horizons() == len(filled.trace.workflows) == len(filled.horizons)
+    lazy = EpisodeFactory(config)
+    sim = lazy.simulator()
+    sim.run()
+    assert 0 < len(lazy.horizons) < len(filled.horizons)
+    for wf in sim.workflows:  # the same float as the arrival computed, and no new entry
+        assert filled.horizons.get(wf.spec) == wf.horizon
+    assert filled.fill_horizons() == len(filled.trace.workflows)
