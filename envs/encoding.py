@@ -177,6 +177,8 @@ class Encoder:
         self._decode = self._decode_static.copy()
         self._globals = np.zeros(len(GLOBAL_FEATURES), dtype=f32)
         self._cached = self._cached_empty.copy()
+        self._rows_used = 0  # window rows of _calls begin() last wrote
+        self._cached_rows = 0  # rows of _cached that may hold hits
         self._age: list[float] = []
         self._h_est: list[float] = []
 
@@ -203,13 +205,18 @@ class Encoder:
         decode_stage = dp.stage == Stage.DECODE
         # prefix-cache hit fractions are fixed within a decision (caches change only between
         # them); they are read from the calls' views, not dp.cached, so dp.batch is not built here
-        table, cached = self._calls_empty.copy(), self._cached_empty.copy()
-        pre, dec = self._prefill_static.copy(), self._decode_static.copy()
+        # written in place (observe copies them): begin_rows rewrites every row of the window
+        # and every live instance's columns, so only the previous window's rows need clearing
+        table, cached = self._calls, self._cached
+        if self._rows_used > n:
+            table[n:self._rows_used] = 0.0
+        if self._cached_rows:
+            cached[:self._cached_rows] = 0.0
+        self._rows_used, self._cached_rows = n, 0 if decode_stage else n
         rows = kernels.begin_rows if kernels.begin_rows is not None else _begin_rows_python
         self._age, self._h_est = rows(dp.calls, decode_stage, now, self.inv_ts, CLIP, LOG_TOKENS,
-                                      table, cached, sim.prefill, pre, sim.decode, dec,
-                                      _BEGIN_COLS)
-        self._calls, self._cached, self._prefill, self._decode = table, cached, pre, dec
+                                      table, cached, sim.prefill, self._prefill, sim.decode,
+                                      self._decode, _BEGIN_COLS)
 
         arrived = len(sim.workflows)
         finished = len(sim.finished)

@@ -49,6 +49,7 @@ class ClusterTables:
         self._pf_hit_cache: dict[tuple[int, int], tuple[float, ...]] = {}
         self.pf_class_list = self.pf_class.tolist()
         self._pool_cache: dict[tuple[int, int], float] = {}
+        self._alone_cache: dict[tuple[int, int, float], float] = {}
         # prefill instances of one class share speed and network rows: the placement rule only
         # needs the least-loaded member of each class
         self.pf_members = [[p for p, k in enumerate(self.pf_class.tolist()) if k == c]
@@ -109,6 +110,26 @@ class ClusterTables:
             per_class = tuple(lm.prefill_time(input_tokens) for lm in self.pf_models)
             hit = (tuple([per_class[k] for k in self.pf_class_list]), per_class)
             self._pf_cache[input_tokens] = hit
+        return hit
+
+    def alone_prefill(self, input_tokens: int, own: int) -> tuple[float, ...]:
+        """True prefill seconds per prefill instance of a prompt alone on the cluster, with its
+        own workflow's ``own`` earlier prompt tokens hit (a call's ``pf_true``)."""
+        if not own:
+            return self.prefill_times(input_tokens)[0]
+        per_class = self.prefill_times_hit(input_tokens, own)
+        return tuple([per_class[k] for k in self.pf_class_list])
+
+    def alone_estimate(self, input_tokens: int, own: int, output_tokens: float) -> float:
+        """:meth:`standalone_estimate` of a call without estimation errors (prefill
+        :meth:`alone_prefill`, decode error 1), cached by its three arguments: the engine asks
+        it for every call twice (on reveal with the predicted output, on completion with the
+        true one), and a trace repeats its lengths."""
+        key = (input_tokens, own, output_tokens)
+        hit = self._alone_cache.get(key)
+        if hit is None:
+            hit = self._alone_cache[key] = self.standalone_estimate(
+                self.alone_prefill(input_tokens, own), input_tokens, output_tokens, 1.0)
         return hit
 
     def prefill_times_hit(self, input_tokens: int, cached: int) -> tuple[float, ...]:

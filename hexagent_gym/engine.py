@@ -330,12 +330,9 @@ class Engine(InstanceFlow, PlanFlow):
             return
         tables = self.tables
         times, per_class = tables.prefill_times(call.l_in)
+        # alone on a cold cache it still reuses its own workflow's earlier prompts
         own = call.spec.own_hit if self.caches is not None else 0
-        if own:  # alone on a cold cache it still reuses its own workflow's earlier prompts
-            alone_cls = tables.prefill_times_hit(call.l_in, own)
-            alone = [alone_cls[k] for k in tables.pf_class_list]
-        else:
-            alone = times
+        alone = tables.alone_prefill(call.l_in, own) if own else times
         call.pf_true = alone
         err = call.pf_err
         if err == 1.0:
@@ -347,7 +344,11 @@ class Engine(InstanceFlow, PlanFlow):
         call.pf_est = call.pf_cold
         self._waiting_prefill[call.uid] = call
         if self._decide:
-            est = tables.standalone_estimate(alone_est, call.l_in, call.l_out_pred, call.dec_err)
+            if err == 1.0 and call.dec_err == 1.0:
+                est = tables.alone_estimate(call.l_in, own, call.l_out_pred)
+            else:
+                est = tables.standalone_estimate(alone_est, call.l_in, call.l_out_pred,
+                                                 call.dec_err)
             call.est_duration = est
             start = 0.0
             for pi in call.spec.parents:
@@ -390,8 +391,12 @@ class Engine(InstanceFlow, PlanFlow):
         if call.service > wf.service:
             wf.service = call.service
         if self._decide:
-            true_alone = self.tables.standalone_estimate(
-                call.pf_true, call.l_in, call.l_out, 1.0)
+            if call.lead is None:  # pf_true is alone_prefill(l_in, own), as on reveal
+                own = call.spec.own_hit if self.caches is not None else 0
+                true_alone = self.tables.alone_estimate(call.l_in, own, call.l_out)
+            else:  # a rider holds its leader's pf_true
+                true_alone = self.tables.standalone_estimate(
+                    call.pf_true, call.l_in, call.l_out, 1.0)
             call.ef = call.ef_start + true_alone
             if call.ef > wf.h_est_done:
                 wf.h_est_done = call.ef

@@ -172,3 +172,28 @@ def test_a_standalone_decode_instance_keeps_its_own_loads():
     inst.release(call)
     assert (inst.committed_pred, inst.committed_count, inst.sched_ctx) == (300.0, 1, 150.0)
     assert inst.loads.dec_count == [0, 0, 0, 1]
+
+
+@pytest.mark.parametrize("error", [0.0, 0.3])
+def test_call_estimates_are_the_standalone_rule_of_their_own_inputs(error):
+    # the engine takes error-free estimates from ClusterTables.alone_estimate's cache; every
+    # call's est_duration (on reveal) and ef (on completion) must be the uncached rule's floats
+    from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+    config = EpisodeConfig(cluster="hetero-1", trace="mixed", num_workflows=30, load=1.5,
+                           seed=5, estimation_error=error)
+    sim = EpisodeFactory(config).simulator()
+    sim.run()
+    tables = sim.tables
+    checked = 0
+    for wf in sim.workflows:
+        for c in wf.calls:
+            alone = c.pf_true if c.pf_err == 1.0 else [x * c.pf_err for x in c.pf_true]
+            if c.lead is None:
+                assert c.est_duration == tables.standalone_estimate(
+                    alone, c.l_in, c.l_out_pred, c.dec_err)
+                own = c.spec.own_hit
+                assert list(c.pf_true) == list(tables.alone_prefill(c.l_in, own))
+            assert c.ef == c.ef_start + tables.standalone_estimate(c.pf_true, c.l_in, c.l_out,
+                                                                   1.0)
+            checked += 1
+    assert checked > 60
