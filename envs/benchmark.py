@@ -51,7 +51,7 @@ def random_valid_steps(env: PDClusterEnv, steps: int, rng: np.random.Generator,
     env.reset(seed=seed)
     episodes, decisions = 1, 0
     for u in rng.random(steps).tolist():
-        valid = np.flatnonzero(env.action_masks())
+        valid = env.action_masks().nonzero()[0]  # the mask is 1-D: np.flatnonzero's result
         _, _, terminated, truncated, _ = env.step(valid[int(u * len(valid))])
         if terminated or truncated:
             decisions += env.simulator.invocations
