@@ -19,6 +19,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Mapping
+from heapq import heappop
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -185,9 +186,9 @@ class Engine(InstanceFlow, PlanFlow):
                                    "unpicked calls; pick them all before advancing")
             self._pending = None
             self._close_decision(dp)
-        events = self.events
-        heap = events.heap
+        heap = self.events.heap  # popped here directly: the loop runs a few times per step
         handlers = self._handlers
+        schedule = Phase.SCHEDULE
         while True:
             # Dispatch (start prefills, admit decodes) runs after the last event of an instant,
             # so it sees every completion, arrival and plan of that instant.
@@ -196,10 +197,10 @@ class Engine(InstanceFlow, PlanFlow):
                 continue
             if not heap:
                 break
-            t, phase, _, payload = events.pop()
+            t, phase, _, payload = heappop(heap)
             assert t >= self.now, "the clock went back"
             self.now = t
-            if phase == Phase.SCHEDULE:
+            if phase == schedule:
                 dp = self._open_decision(payload)
                 if dp is not None:
                     self._pending = dp
