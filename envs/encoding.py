@@ -197,8 +197,11 @@ class Encoder:
         return (slot * self.p_max + p) * self.d_max + d
 
     # -- observations ---------------------------------------------------------------------------
-    def begin(self, sim: Simulator, dp: DecisionPoint, num_workflows: int) -> None:
-        """Compute the features that stay fixed while the decision point is being picked."""
+    def begin(self, sim: Simulator, dp: DecisionPoint, num_workflows: int) -> tuple[int, int]:
+        """Compute the features that stay fixed while the decision point is being picked.
+
+        Returns (prefill instances running a prefill, calls in decode batches), read from the
+        instances on the way: the step's info takes them (``envs.render.step_info``)."""
         self._dp = dp
         now = dp.now
         n = len(dp.calls)
@@ -214,9 +217,9 @@ class Encoder:
             cached[:self._cached_rows] = 0.0
         self._rows_used, self._cached_rows = n, 0 if decode_stage else n
         rows = kernels.begin_rows if kernels.begin_rows is not None else _begin_rows_python
-        self._age, self._h_est = rows(dp.calls, decode_stage, now, self.inv_ts, CLIP, LOG_TOKENS,
-                                      table, cached, sim.prefill, self._prefill, sim.decode,
-                                      self._decode, _BEGIN_COLS)
+        self._age, self._h_est, running, batched = rows(
+            dp.calls, decode_stage, now, self.inv_ts, CLIP, LOG_TOKENS, table, cached,
+            sim.prefill, self._prefill, sim.decode, self._decode, _BEGIN_COLS)
 
         arrived = len(sim.workflows)
         finished = len(sim.finished)
@@ -224,6 +227,7 @@ class Encoder:
             (float(dp.stage), min(now * self.inv_ts, CLIP), n / self.k, 0.0,
              math.log1p(max(sim.num_waiting(dp.stage) - n, 0)), arrived / num_workflows,
              finished / num_workflows, math.log1p(arrived - finished), 0.0), dtype=np.float32)
+        return running, batched
 
     def observe(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Observation and flat joint mask (bool, length K·P_max·D_max) of the open decision
@@ -317,11 +321,14 @@ def _begin_rows_python(calls: list[Call], decode_stage: bool, now: float, inv: f
                        clip: float, log_tokens: float, table: np.ndarray, cached: np.ndarray,
                        prefill: list[PrefillInstance], pre: np.ndarray,
                        decode: list[DecodeInstance], dec: np.ndarray,
-                       cols: tuple[int, int, int, int]) -> tuple[list[float], list[float]]:
+                       cols: tuple[int, int, int, int],
+                       ) -> tuple[list[float], list[float], int, int]:
     """The features fixed within a decision point, written in place: the calls' rows of
     ``table`` (CALL_FEATURES, clipped at ``clip``), their prefix-cache hit fractions in
     ``cached`` (prefill stage), and the instances' queue, running, batch and waiting columns
-    ``cols`` of ``pre`` and ``dec``. Returns each call's age and its horizon guarded above 0.
+    ``cols`` of ``pre`` and ``dec``. Returns each call's age, its horizon guarded above 0, the
+    prefill instances running a prefill and the calls in decode batches (read on the way, for
+    the step's info).
 
     The reference of the compiled ``kernels.begin_rows`` (same float64 operations in the same
     order, then float32)."""
@@ -357,4 +364,5 @@ def _begin_rows_python(calls: list[Call], decode_stage: bool, now: float, inv: f
     pre[:P, r] = [inst.running is not None for inst in prefill]
     dec[:D, b] = [len(inst.batch) / inst.max_batch for inst in decode]
     dec[:D, w] = [math.log1p(len(inst.waiting)) for inst in decode]
-    return age, h_est
+    return (age, h_est, sum(inst.running is not None for inst in prefill),
+            sum(len(inst.batch) for inst in decode))

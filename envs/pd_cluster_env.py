@@ -319,15 +319,15 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
                           for w in finished[self._n_finished:]]
                 self._n_finished = len(finished)
                 reward += self.reward_fn.completions(ratios)
-            self._info = step_info(sim)
             if nxt is None:
+                self._info = step_info(sim)
                 terminated = True
                 self._dp = None
                 reward += self.reward_fn.terminal(sim.result().ratios)
                 obs = self._emit(*self.encoder.empty())
             else:
                 self._dp = nxt
-                self.encoder.begin(sim, nxt, self._num_workflows)
+                self._info = step_info(sim, self.encoder.begin(sim, nxt, self._num_workflows))
                 obs = self._emit(*self.encoder.observe())
         else:
             obs = self._emit(*self.encoder.observe())
@@ -411,8 +411,7 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         dp = sim.run_until_decision()
         assert dp is not None, "an episode with workflows opens at least one decision point"
         self._dp = dp
-        self._info = step_info(sim)
-        self.encoder.begin(sim, dp, self._num_workflows)
+        self._info = step_info(sim, self.encoder.begin(sim, dp, self._num_workflows))
         return self._emit(*self.encoder.observe())
 
     def _emit(self, obs: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:

@@ -8,7 +8,6 @@ is built on demand.
 from __future__ import annotations
 
 import math
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from hexagent_gym.decisions import Stage
@@ -23,22 +22,25 @@ STEP_INFO_KEYS = ("sim_time", "waiting_prefill", "waiting_decode", "running_pref
 them without ``_key`` holes."""
 
 _WINDOW_ROWS = 8  # calls listed by the render (the rest are counted)
-_running, _batch = attrgetter("running"), attrgetter("batch")  # step_info runs on every step
 
 
-def step_info(sim: Simulator) -> dict[str, Any]:
+def step_info(sim: Simulator, running: tuple[int, int] | None = None) -> dict[str, Any]:
     """The cheap per-step scalars of ``info`` (:data:`STEP_INFO_KEYS`) for the simulator now.
 
     ``running_prefill`` counts prefills in progress (one per busy instance), ``running_decode``
     the calls in decode batches (a sample group counts once); waiting counts include calls beyond
-    the decision window.
+    the decision window. ``running``: those two counts when the caller has just read them
+    (``Encoder.begin`` does), else they are counted here.
     """
+    if running is None:
+        running = (sum(inst.running is not None for inst in sim.prefill),
+                   sum(len(inst.batch) for inst in sim.decode))
     return {
         "sim_time": float(sim.now),
         "waiting_prefill": sim.num_waiting(Stage.PREFILL),
         "waiting_decode": sim.num_waiting(Stage.DECODE),
-        "running_prefill": len(sim.prefill) - list(map(_running, sim.prefill)).count(None),
-        "running_decode": sum(map(len, map(_batch, sim.decode))),
+        "running_prefill": running[0],
+        "running_decode": running[1],
         "workflows_arrived": len(sim.workflows),
         "workflows_finished": len(sim.finished),
     }

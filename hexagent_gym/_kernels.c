@@ -815,8 +815,9 @@ static double attr_len(PyObject *obj, int name) {
  * cached view is set. For each prefill instance p: pre[p, cols[0]] = log1p(len(queue)),
  * pre[p, cols[1]] = running is not None; for each decode instance d:
  * dec[d, cols[2]] = len(batch) / max_batch, dec[d, cols[3]] = log1p(len(waiting)).
- * Returns the lists age (a per call) and h_est (h, or 1e-9 when h <= 0). Arithmetic in float64
- * in the Python order, then float32. */
+ * Returns (age, h_est, running, batched): the lists age (a per call) and h_est (h, or 1e-9 when
+ * h <= 0), the prefill instances running a prefill and the calls in decode batches. Arithmetic
+ * in float64 in the Python order, then float32. */
 static PyObject *begin_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (!arity(nargs, 13, "begin_rows")) return NULL;
     PyObject *calls = args[0], *pinst = args[8], *dinst = args[10], *cols = args[12];
@@ -856,6 +857,7 @@ static PyObject *begin_rows(PyObject *self, PyObject *const *args, Py_ssize_t na
     hest = PyList_New(n);
     if (age == NULL || hest == NULL) goto done;
     float *table = tv.buf, *cached = kv.buf, *pre = pv.buf, *dec = dv.buf;
+    Py_ssize_t running_n = 0, batched = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *call = at(calls, i);
         wf = PyObject_GetAttr(call, attr_str[A_WORKFLOW]);
@@ -918,6 +920,7 @@ static PyObject *begin_rows(PyObject *self, PyObject *const *args, Py_ssize_t na
         }
         pre[p * pw + c[0]] = (float)log1p(queued);
         pre[p * pw + c[1]] = running != Py_None ? 1.0f : 0.0f;
+        running_n += running != Py_None;
         Py_DECREF(running);
     }
     for (Py_ssize_t d = 0; d < D; d++) {
@@ -933,9 +936,10 @@ static PyObject *begin_rows(PyObject *self, PyObject *const *args, Py_ssize_t na
             goto done;
         }
         dec[d * dw + c[2]] = (float)(batch / top);
+        batched += (Py_ssize_t)batch;
         dec[d * dw + c[3]] = (float)log1p(waiting);
     }
-    result = PyTuple_Pack(2, age, hest);
+    result = Py_BuildValue("(OOnn)", age, hest, running_n, batched);
 done:
     Py_XDECREF(wf);
     Py_XDECREF(hits);
@@ -1494,7 +1498,7 @@ static PyMethodDef methods[] = {
      "capacity, max_batch, inv, clip, now, cols) -> None: the env's per-step columns."},
     {"begin_rows", (PyCFunction)(void (*)(void))begin_rows, METH_FASTCALL,
      "begin_rows(calls, decode_stage, now, inv, clip, log_tokens, table, cached, prefill, pre, "
-     "decode, dec, cols) -> (age, h_est): the env's per-decision features."},
+     "decode, dec, cols) -> (age, h_est, running, batched): the env's per-decision features."},
     {"risk_plan", (PyCFunction)(void (*)(void))risk_plan, METH_FASTCALL,
      "risk_plan(...) -> [(slot, p, d, delta)]: agents.hexagent's ranking of a prefill window, "
      "compiled (see the source)."},

@@ -595,12 +595,13 @@ def test_compiled_begin_rows_by_hand_and_equal_to_python(decode_stage):
     def run(fn):
         out = (np.zeros((3, 14), np.float32), np.zeros((3, 2), np.float32),
                np.zeros((2, 4), np.float32), np.zeros((2, 3), np.float32))
-        age, h = fn(calls, decode_stage, 5.0, 0.5, 100.0, 10.0, out[0], out[1], prefill, out[2],
-                    decode, out[3], (0, 1, 2, 0))
-        return age, h, out
+        age, h, running, batched = fn(calls, decode_stage, 5.0, 0.5, 100.0, 10.0, out[0],
+                                      out[1], prefill, out[2], decode, out[3], (0, 1, 2, 0))
+        return age, h, (running, batched), out
 
-    age, h, (table, cached, pre, dec) = run(kernels._compiled.begin_rows)
+    age, h, counts, (table, cached, pre, dec) = run(kernels._compiled.begin_rows)
     assert age == [4.0, 3.0] and h == [1e-9, 4.0]  # a horizon of 0 is guarded above 0
+    assert counts == (1, 1)  # one prefill running, one call in a decode batch
     # call 1: age 3 s and horizon 4 s at 0.5 units per s; waited since reveal (3 s) or the end
     # of its transfer (9 s, later than now: negative); log1p(0) tokens
     wait = (5.0 - (9.0 if decode_stage else 3.0)) * 0.5
@@ -616,8 +617,8 @@ def test_compiled_begin_rows_by_hand_and_equal_to_python(decode_stage):
     assert pre[:, 1].tolist() == [0.0, 1.0]
     assert dec[:, 2].tolist() == [0.25, 0.0] and dec[:, 0].tolist() == [0.0,
                                                                        np.float32(math.log1p(1))]
-    py_age, py_h, py_out = run(_begin_rows_python)
-    assert (age, h) == (py_age, py_h)
+    py_age, py_h, py_counts, py_out = run(_begin_rows_python)
+    assert (age, h, counts) == (py_age, py_h, py_counts)
     for a, b in zip((table, cached, pre, dec), py_out, strict=True):
         np.testing.assert_array_equal(a, b)
 

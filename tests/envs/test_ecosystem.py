@@ -159,6 +159,7 @@ def test_step_info_tracks_the_simulator():
         assert info["waiting_prefill"] == sim.num_waiting(Stage.PREFILL)
         assert info["waiting_decode"] == sim.num_waiting(Stage.DECODE)
         assert info["running_prefill"] == sum(p.running is not None for p in sim.prefill)
+        assert info["running_decode"] == sum(len(d.batch) for d in sim.decode)
         assert info["workflows_arrived"] >= info["workflows_finished"]
         last_t, last_done = info["sim_time"], info["workflows_finished"]
         if terminated:

@@ -239,12 +239,12 @@ def test_whole_observations_are_the_same_with_and_without_the_kernels(overrides)
         try:
             env = hexagent_gym.make(**overrides)
             rng = np.random.default_rng(4)
-            obs, _ = env.reset(seed=0)
-            seen = [(obs, env.action_masks())]
+            obs, info = env.reset(seed=0)
+            seen = [(obs, env.action_masks(), info)]
             terminated = False
             while not terminated:
-                obs, _, terminated, _, _ = env.step(random_valid(env, rng))
-                seen.append((obs, env.action_masks()))
+                obs, _, terminated, _, info = env.step(random_valid(env, rng))
+                seen.append((obs, env.action_masks(), info))
             return seen
         finally:
             kernels.use_compiled(True)
@@ -252,7 +252,8 @@ def test_whole_observations_are_the_same_with_and_without_the_kernels(overrides)
     fast, slow = episode(True), episode(False)
     assert len(fast) == len(slow) > 50
     cached_rows = 0
-    for (a, ma), (b, mb) in zip(fast, slow, strict=True):
+    for (a, ma, ia), (b, mb, ib) in zip(fast, slow, strict=True):
+        assert ia == ib  # the running counts come from begin_rows with the kernels
         assert a.keys() == b.keys()
         for key in a:
             assert a[key].dtype == b[key].dtype
