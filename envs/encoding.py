@@ -72,7 +72,8 @@ _P_FREE, _P_QUEUE, _P_RUNNING = (PREFILL_FEATURES.index(x)
 _D_KV, _D_COUNT, _D_BATCH, _D_WAITING = (DECODE_FEATURES.index(x) for x in (
     "committed_kv", "committed_count", "batch", "waiting"))
 _G_UNPICKED, _G_PICKS = GLOBAL_FEATURES.index("unpicked"), GLOBAL_FEATURES.index("picks")
-_DYNAMIC_COLS = (_C_PICKED, _C_MIN, _C_RISK, _P_FREE, _D_KV, _D_COUNT)  # observe_columns' order
+_STEP_COLS = (_C_PICKED, _C_MIN, _C_RISK, _P_FREE, _D_KV, _D_COUNT, _G_UNPICKED,
+              _G_PICKS)  # kernels.observe_step's order
 _BEGIN_COLS = (_P_QUEUE, _P_RUNNING, _D_BATCH, _D_WAITING)  # begin_rows' order
 
 
@@ -169,6 +170,9 @@ class Encoder:
         self._padded = p_max != P or d_max != D
         self._pd_live = P * D
         self._calls_empty = np.zeros((k, len(CALL_FEATURES)), dtype=f32)
+        self._grid_blank = np.full((k, p_max, d_max), DELTA_MASKED, dtype=f32)
+        self._grid_shape = (k, p_max, d_max)
+        self._mask_blank = np.zeros(self.num_actions, dtype=bool)
         self._cached_empty = np.zeros((k, p_max), dtype=f32)
         # per-decision-point caches, filled by begin()
         self._dp: DecisionPoint | None = None
@@ -231,47 +235,41 @@ class Encoder:
 
     def observe(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Observation and flat joint mask (bool, length K·P_max·D_max) of the open decision
-        point under the current Ŝ (call :meth:`begin` first).
+        point under the current Ŝ (call :meth:`begin` first); fresh arrays every call.
 
-        This runs on every step. With the compiled kernels built, the Δ grid, mask and row minima
-        come from ``kernels.delta_grid`` and the per-step columns from
-        ``kernels.observe_columns``; without them, from a fixed number of numpy calls
-        (:meth:`_delta_grid`) and short Python lists (a numpy call's fixed cost exceeds a list's
-        at these sizes). Both do the same float64 operations, so the values are the same."""
+        This runs on every step. With the compiled kernels built, one ``kernels.observe_step``
+        call builds it all (numpy's fixed cost per array operation is most of a step's
+        observation in Python); without them, a fixed number of numpy calls
+        (:meth:`_delta_grid`) and short Python lists (cheaper than numpy calls at these sizes).
+        Both do the same float64 operations, so the values are the same."""
         dp = self._dp
         assert dp is not None, "begin() must run before observe()"
+        state = dp.state
+        if kernels.observe_step is not None:
+            return kernels.observe_step(
+                dp.delta, dp.picked, self._age, self._h_est, state.free_l, state.dec_tokens_l,
+                state.dec_count_l, self._capacity, self._max_batch, self._calls, self._prefill,
+                self._decode, self._globals, self._cached, self._grid_shape, self.inv_ts, CLIP,
+                DELTA_MASKED, dp.now, len(dp.plan), _STEP_COLS)
         P, D = self.num_prefill, self.num_decode
         inv = self.inv_ts
         delta = dp.delta  # (n, P, D) seconds from now, inf = invalid; the core's cached array
         n = delta.shape[0]
-        grid = np.empty((self.k, self.p_max, self.d_max), dtype=np.float32)
-        mask = np.empty(self.num_actions, dtype=bool)
-        if kernels.delta_grid is not None:
-            best = kernels.delta_grid(np.ascontiguousarray(delta), inv, CLIP, DELTA_MASKED,
-                                      grid, mask)
-        else:
-            best = self._delta_grid(delta, grid, mask)
-
+        grid, mask = self._grid_blank.copy(), self._mask_blank.copy()  # cheaper than np.empty
+        best = self._delta_grid(delta, grid, mask)
         calls = self._calls.copy()
-        state = dp.state
         now = dp.now
         pre = self._prefill.copy()
         dec = self._decode.copy()
-        if kernels.observe_columns is not None:
-            kernels.observe_columns(calls, dp.picked, best, self._age, self._h_est, pre,
-                                    state.free_l, dec, state.dec_tokens_l, state.dec_count_l,
-                                    self._capacity, self._max_batch, inv, CLIP, now,
-                                    _DYNAMIC_COLS)
-        else:
-            calls[:n, _C_PICKED] = dp.picked
-            calls[:n, _C_MIN] = [min(b * inv, CLIP) for b in best]
-            calls[:n, _C_RISK] = [min((a + b) / h, CLIP)
-                                  for a, b, h in zip(self._age, best, self._h_est, strict=True)]
-            pre[:P, _P_FREE] = [min((f - now) * inv, CLIP) for f in state.free_l]  # free >= now
-            dec[:D, _D_KV] = [min(x / c, CLIP)
-                              for x, c in zip(state.dec_tokens_l, self._capacity, strict=True)]
-            dec[:D, _D_COUNT] = [min(x / m, CLIP)
-                                 for x, m in zip(state.dec_count_l, self._max_batch, strict=True)]
+        calls[:n, _C_PICKED] = dp.picked
+        calls[:n, _C_MIN] = [min(b * inv, CLIP) for b in best]
+        calls[:n, _C_RISK] = [min((a + b) / h, CLIP)
+                              for a, b, h in zip(self._age, best, self._h_est, strict=True)]
+        pre[:P, _P_FREE] = [min((f - now) * inv, CLIP) for f in state.free_l]  # free >= now
+        dec[:D, _D_KV] = [min(x / c, CLIP)
+                          for x, c in zip(state.dec_tokens_l, self._capacity, strict=True)]
+        dec[:D, _D_COUNT] = [min(x / m, CLIP)
+                             for x, m in zip(state.dec_count_l, self._max_batch, strict=True)]
         glob = self._globals.copy()
         picks = len(dp.plan)
         glob[_G_UNPICKED] = (n - picks) / self.k
@@ -284,7 +282,7 @@ class Encoder:
     def _delta_grid(self, delta: np.ndarray, grid: np.ndarray, mask: np.ndarray) -> list[float]:
         """Fill ``grid`` (K, P_max, D_max) with the scaled, clipped valid entries of ``delta``
         (n, P, D) and DELTA_MASKED elsewhere, ``mask`` with where they are; return each row's
-        smallest Δ (inf: no valid pair). The reference of the compiled ``delta_grid``."""
+        smallest Δ (inf: no valid pair). The reference of ``kernels.observe_step``'s grid."""
         P, D, pd = self.num_prefill, self.num_decode, self._pd_live
         n = delta.shape[0]
         flat = delta.reshape(n, pd)

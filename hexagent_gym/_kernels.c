@@ -11,6 +11,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <numpy/arrayobject.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -574,84 +575,6 @@ fail:
     return NULL;
 }
 
-/* delta_grid(delta, inv, clip, masked, grid, mask) -> [best, ...]
- * The env's encoding of a window's Δ (envs.encoding.Encoder.observe): delta is a C-contiguous
- * float64 (n, P, D) array in seconds (inf: invalid); grid a writable C-contiguous float32
- * (K, P_max, D_max) array and mask a writable bool array of K * P_max * D_max, n <= K,
- * P <= P_max, D <= D_max. Every grid entry becomes masked except the finite ones of delta,
- * which become (float) min(delta * inv, clip); mask is 1 exactly there. Returns each row's
- * smallest delta (a float; inf when the row has no finite entry). */
-static PyObject *delta_grid(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (!arity(nargs, 6, "delta_grid")) return NULL;
-    double inv = num(args[1]), clip = num(args[2]), masked = num(args[3]);
-    if (PyErr_Occurred()) return NULL;
-    Py_buffer dv, gv, mv;
-    int got = 0;
-    PyObject *out = NULL;
-    if (PyObject_GetBuffer(args[0], &dv, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) < 0)
-        return NULL;
-    got = 1;
-    if (PyObject_GetBuffer(args[4], &gv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT |
-                           PyBUF_ND) < 0)
-        goto fail;
-    got = 2;
-    if (PyObject_GetBuffer(args[5], &mv, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-        goto fail;
-    got = 3;
-    if (dv.ndim != 3 || strcmp(dv.format, "d") != 0 || gv.ndim != 3 ||
-        strcmp(gv.format, "f") != 0 || strcmp(mv.format, "?") != 0 ||
-        mv.len != gv.len / (Py_ssize_t)sizeof(float)) {
-        PyErr_SetString(PyExc_ValueError, "delta_grid: delta must be float64 (n, P, D), grid "
-                        "float32 (K, P_max, D_max) and mask bool of K * P_max * D_max");
-        goto fail;
-    }
-    Py_ssize_t n = dv.shape[0], P = dv.shape[1], D = dv.shape[2];
-    Py_ssize_t K = gv.shape[0], PM = gv.shape[1], DM = gv.shape[2];
-    if (n > K || P > PM || D > DM) {
-        PyErr_Format(PyExc_ValueError, "delta_grid: delta (%zd, %zd, %zd) does not fit the grid "
-                     "(%zd, %zd, %zd)", n, P, D, K, PM, DM);
-        goto fail;
-    }
-    const double *src = dv.buf;
-    float *grid = gv.buf;
-    char *mask = mv.buf;
-    float fill = (float)masked;
-    Py_ssize_t total = K * PM * DM;
-    for (Py_ssize_t i = 0; i < total; i++) grid[i] = fill;
-    memset(mask, 0, (size_t)total);
-    out = PyList_New(n);
-    if (out == NULL) goto fail;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        double best = INFINITY;
-        for (Py_ssize_t p = 0; p < P; p++) {
-            const double *row = src + (i * P + p) * D;
-            Py_ssize_t at0 = (i * PM + p) * DM;
-            for (Py_ssize_t d = 0; d < D; d++) {
-                double v = row[d];
-                if (v < best) best = v;
-                if (isfinite(v)) {
-                    double scaled = v * inv;
-                    grid[at0 + d] = (float)(scaled < clip ? scaled : clip);
-                    mask[at0 + d] = 1;
-                }
-            }
-        }
-        PyObject *b = PyFloat_FromDouble(best);
-        if (b == NULL) goto fail;
-        PyList_SET_ITEM(out, i, b);
-    }
-    PyBuffer_Release(&dv);
-    PyBuffer_Release(&gv);
-    PyBuffer_Release(&mv);
-    return out;
-fail:
-    Py_XDECREF(out);
-    if (got >= 1) PyBuffer_Release(&dv);
-    if (got >= 2) PyBuffer_Release(&gv);
-    if (got >= 3) PyBuffer_Release(&mv);
-    return NULL;
-}
-
 /* decode_limits(capacity, tokens, count, max_batch) -> (slack, any_full)
  * PlanState._decode_limits_python: (min(capacity[d] - tokens[d]), any(count[d] >= max_batch[d]))
  * over the decode instances (slack inf with none). */
@@ -692,86 +615,181 @@ static int f32_matrix(PyObject *o, Py_buffer *v, const char *name) {
 
 static inline float clipped(double x, double clip) { return (float)(clip < x ? clip : x); }
 
-/* observe_columns(calls, picked, best, age, h_est, prefill, free, decode, tokens, count,
- *                 capacity, max_batch, inv, clip, now, cols) -> None
- * The per-step columns of envs.encoding.Encoder.observe, written in place (float64 arithmetic,
- * then float32, as the Python lists assigned into the arrays): for each slot i of picked,
- * calls[i, cols[0]] = picked[i], calls[i, cols[1]] = min(best[i] * inv, clip) and
- * calls[i, cols[2]] = min((age[i] + best[i]) / h_est[i], clip); for each prefill instance p,
- * prefill[p, cols[3]] = min((free[p] - now) * inv, clip); for each decode instance d,
- * decode[d, cols[4]] = min(tokens[d] / capacity[d], clip) and
- * decode[d, cols[5]] = min(count[d] / max_batch[d], clip). min(x, clip) is Python's: x unless
- * clip < x. */
-static PyObject *observe_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (!arity(nargs, 16, "observe_columns")) return NULL;
-    PyObject *picked = args[1], *best = args[2], *age = args[3], *h_est = args[4];
-    PyObject *free = args[6], *tokens = args[8], *count = args[9], *cap = args[10];
-    PyObject *top = args[11], *cols = args[15];
-    double inv = num(args[12]), clip = num(args[13]), now = num(args[14]);
-    if (PyErr_Occurred() || !is_seq(picked, "picked") || !is_seq(best, "best") ||
-        !is_seq(age, "age") || !is_seq(h_est, "h_est") || !is_seq(free, "free") ||
-        !is_seq(tokens, "tokens") || !is_seq(count, "count") || !is_seq(cap, "capacity") ||
-        !is_seq(top, "max_batch") || !is_seq(cols, "cols"))
-        return NULL;
-    Py_ssize_t n = Py_SIZE(picked), P = Py_SIZE(free), D = Py_SIZE(tokens);
-    if (Py_SIZE(best) != n || Py_SIZE(age) != n || Py_SIZE(h_est) != n || Py_SIZE(count) != D ||
-        Py_SIZE(cap) != D || Py_SIZE(top) != D || Py_SIZE(cols) != 6) {
-        PyErr_SetString(PyExc_ValueError, "observe_columns: inconsistent sizes");
+/* A float32 C-contiguous array of ndim dimensions (a template of observe_step), or NULL with
+ * a ValueError naming it. */
+static PyArrayObject *f32_template(PyObject *o, int ndim, const char *name) {
+    if (!PyArray_Check(o) || PyArray_TYPE((PyArrayObject *)o) != NPY_FLOAT32 ||
+        PyArray_NDIM((PyArrayObject *)o) != ndim ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)o)) {
+        PyErr_Format(PyExc_ValueError, "observe_step: %s must be a C-contiguous float32 array "
+                     "of %d dimensions", name, ndim);
         return NULL;
     }
-    Py_ssize_t c[6];
-    for (int j = 0; j < 6; j++) c[j] = iat(cols, j);
+    return (PyArrayObject *)o;
+}
+
+static PyObject *obs_keys[6]; /* "calls", "delta", "prefill", "decode", "globals", "cached" */
+
+/* observe_step(delta, picked, age, h_est, free, tokens, count, capacity, max_batch, calls_t,
+ *              pre_t, dec_t, glob_t, cached_t, grid_shape, inv, clip, masked, now, picks,
+ *              cols) -> (obs, mask)
+ * envs.encoding.Encoder.observe, compiled: the observation dict of a decision point under the
+ * current Ŝ and its flat joint mask, as fresh arrays.
+ * - delta: the window's Δ, float64 (n, P, D) seconds (inf: invalid). "delta" is a new float32
+ *   grid of grid_shape (K, P_max, D_max): (float) min(delta * inv, clip) where delta is finite,
+ *   masked elsewhere; mask (bool, K * P_max * D_max) is true exactly at the finite entries.
+ *   best[i] = row i's smallest Δ (inf when none is finite).
+ * - "calls", "prefill", "decode", "globals", "cached": copies of the float32 templates calls_t
+ *   (K, C), pre_t (P_max, F), dec_t (D_max, G), glob_t (H,), cached_t (K, P_max), then, with
+ *   cols = (picked, min, risk, free, kv, count, unpicked, picks) column indices:
+ *   calls[i, picked] = picked[i], calls[i, min] = min(best[i] * inv, clip),
+ *   calls[i, risk] = min((age[i] + best[i]) / h_est[i], clip) for the n slots;
+ *   prefill[p, free] = min((free[p] - now) * inv, clip);
+ *   decode[d, kv] = min(tokens[d] / capacity[d], clip), decode[d, count] =
+ *   min(count[d] / max_batch[d], clip); globals[unpicked] = (n - picks) / K,
+ *   globals[picks] = picks / K.
+ * Float64 arithmetic in the Python order, then float32; min(x, clip) is Python's (x unless
+ * clip < x). */
+static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 21, "observe_step")) return NULL;
+    PyObject *picked = args[1], *age = args[2], *h_est = args[3], *free = args[4];
+    PyObject *tokens = args[5], *count = args[6], *cap = args[7], *top = args[8];
+    PyObject *shape = args[14], *cols = args[20];
+    double inv = num(args[15]), clip = num(args[16]), masked = num(args[17]);
+    double now = num(args[18]);
+    Py_ssize_t picks = PyLong_AsSsize_t(args[19]);
+    if (PyErr_Occurred() || !is_seq(picked, "picked") || !is_seq(age, "age") ||
+        !is_seq(h_est, "h_est") || !is_seq(free, "free") || !is_seq(tokens, "tokens") ||
+        !is_seq(count, "count") || !is_seq(cap, "capacity") || !is_seq(top, "max_batch") ||
+        !is_seq(shape, "grid_shape") || !is_seq(cols, "cols"))
+        return NULL;
+    if (Py_SIZE(cols) != 8 || Py_SIZE(shape) != 3) {
+        PyErr_SetString(PyExc_ValueError, "observe_step: cols must hold 8 column indices and "
+                        "grid_shape 3 sizes");
+        return NULL;
+    }
+    Py_ssize_t c[8], gs[3];
+    for (int j = 0; j < 8; j++) c[j] = iat(cols, j);
+    for (int j = 0; j < 3; j++) gs[j] = iat(shape, j);
     if (PyErr_Occurred()) return NULL;
-    Py_buffer cv, pv, dv;
-    if (f32_matrix(args[0], &cv, "calls") < 0) return NULL;
-    if (f32_matrix(args[5], &pv, "prefill") < 0) {
-        PyBuffer_Release(&cv);
+    PyArrayObject *tpl[5];
+    static const char *const tnames[5] = {"calls_t", "pre_t", "dec_t", "glob_t", "cached_t"};
+    static const int tdims[5] = {2, 2, 2, 1, 2};
+    for (int j = 0; j < 5; j++)
+        if ((tpl[j] = f32_template(args[9 + j], tdims[j], tnames[j])) == NULL) return NULL;
+    if (!PyArray_Check(args[0]) || PyArray_TYPE((PyArrayObject *)args[0]) != NPY_DOUBLE ||
+        PyArray_NDIM((PyArrayObject *)args[0]) != 3) {
+        PyErr_SetString(PyExc_ValueError, "observe_step: delta must be a float64 (n, P, D) "
+                        "array");
         return NULL;
     }
-    if (f32_matrix(args[7], &dv, "decode") < 0) {
-        PyBuffer_Release(&cv);
-        PyBuffer_Release(&pv);
+    Py_ssize_t K = gs[0], PM = gs[1], DM = gs[2];
+    PyArrayObject *dv = (PyArrayObject *)args[0];
+    Py_ssize_t n = PyArray_DIM(dv, 0), P = PyArray_DIM(dv, 1), D = PyArray_DIM(dv, 2);
+    npy_intp *ct = PyArray_DIMS(tpl[0]), *pt = PyArray_DIMS(tpl[1]), *dt = PyArray_DIMS(tpl[2]);
+    Py_ssize_t H = PyArray_DIM(tpl[3], 0);
+    if (Py_SIZE(picked) != n || Py_SIZE(age) != n || Py_SIZE(h_est) != n ||
+        Py_SIZE(free) != P || Py_SIZE(tokens) != D || Py_SIZE(count) != D ||
+        Py_SIZE(cap) != D || Py_SIZE(top) != D) {
+        PyErr_SetString(PyExc_ValueError, "observe_step: inconsistent sizes");
         return NULL;
     }
-    PyObject *result = NULL;
-    Py_ssize_t cw = cv.shape[1], pw = pv.shape[1], dw = dv.shape[1];
-    if (n > cv.shape[0] || P > pv.shape[0] || D > dv.shape[0] || c[0] < 0 || c[1] < 0 ||
-        c[2] < 0 || c[0] >= cw || c[1] >= cw || c[2] >= cw || c[3] < 0 || c[3] >= pw ||
-        c[4] < 0 || c[5] < 0 || c[4] >= dw || c[5] >= dw) {
-        PyErr_SetString(PyExc_ValueError, "observe_columns: rows or columns out of range");
+    if (K <= 0 || n > K || P > PM || D > DM || ct[0] != K || pt[0] < P || dt[0] < D ||
+        PyArray_DIM(tpl[4], 0) != K || PyArray_DIM(tpl[4], 1) < P ||
+        c[0] < 0 || c[1] < 0 || c[2] < 0 || c[0] >= ct[1] || c[1] >= ct[1] || c[2] >= ct[1] ||
+        c[3] < 0 || c[3] >= pt[1] || c[4] < 0 || c[5] < 0 || c[4] >= dt[1] || c[5] >= dt[1] ||
+        c[6] < 0 || c[7] < 0 || c[6] >= H || c[7] >= H) {
+        PyErr_SetString(PyExc_ValueError, "observe_step: the window, instances or columns do "
+                        "not fit the templates and grid_shape");
+        return NULL;
+    }
+    PyArrayObject *contig = NULL, *arr[7] = {NULL};  /* calls, grid, pre, dec, glob, cached, mask */
+    PyObject *obs = NULL, *result = NULL;
+    double *best = NULL;
+    contig = (PyArrayObject *)PyArray_FromAny(args[0], PyArray_DescrFromType(NPY_DOUBLE), 3, 3,
+                                              NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
+    if (contig == NULL) goto done;
+    npy_intp gdims[3] = {K, PM, DM}, total = K * PM * DM;
+    arr[0] = (PyArrayObject *)PyArray_NewCopy(tpl[0], NPY_CORDER);
+    arr[1] = (PyArrayObject *)PyArray_SimpleNew(3, gdims, NPY_FLOAT32);
+    arr[2] = (PyArrayObject *)PyArray_NewCopy(tpl[1], NPY_CORDER);
+    arr[3] = (PyArrayObject *)PyArray_NewCopy(tpl[2], NPY_CORDER);
+    arr[4] = (PyArrayObject *)PyArray_NewCopy(tpl[3], NPY_CORDER);
+    arr[5] = (PyArrayObject *)PyArray_NewCopy(tpl[4], NPY_CORDER);
+    arr[6] = (PyArrayObject *)PyArray_ZEROS(1, &total, NPY_BOOL, 0);
+    best = PyMem_Malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    for (int j = 0; j < 7; j++)
+        if (arr[j] == NULL) goto done;
+    if (best == NULL) {
+        PyErr_NoMemory();
         goto done;
     }
-    float *calls = cv.buf, *pre = pv.buf, *dec = dv.buf;
+    /* the Δ grid, the mask and each row's smallest Δ */
+    const double *src = PyArray_DATA(contig);
+    float *grid = PyArray_DATA(arr[1]), fill = (float)masked;
+    char *mask = PyArray_DATA(arr[6]);
+    for (npy_intp i = 0; i < total; i++) grid[i] = fill;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double low = INFINITY;
+        for (Py_ssize_t p = 0; p < P; p++) {
+            const double *row = src + (i * P + p) * D;
+            Py_ssize_t at0 = (i * PM + p) * DM;
+            for (Py_ssize_t d = 0; d < D; d++) {
+                double v = row[d];
+                if (v < low) low = v;
+                if (isfinite(v)) {
+                    grid[at0 + d] = clipped(v * inv, clip);
+                    mask[at0 + d] = 1;
+                }
+            }
+        }
+        best[i] = low;
+    }
+    /* the per-step columns */
+    float *calls = PyArray_DATA(arr[0]), *pre = PyArray_DATA(arr[2]);
+    float *dec = PyArray_DATA(arr[3]), *glob = PyArray_DATA(arr[4]);
+    Py_ssize_t cw = ct[1], pw = pt[1], dw = dt[1];
     for (Py_ssize_t i = 0; i < n; i++) {
         int is = PyObject_IsTrue(at(picked, i));
-        double b = dat(best, i), h = dat(h_est, i), a = dat(age, i);
-        if (is < 0 || PyErr_Occurred()) goto done;
+        if (is < 0) goto done;
+        double h = dat(h_est, i), a = dat(age, i);
+        if (PyErr_Occurred()) goto done;
         if (h == 0.0) {
-            PyErr_SetString(PyExc_ZeroDivisionError, "observe_columns: h_est is 0");
+            PyErr_SetString(PyExc_ZeroDivisionError, "observe_step: h_est is 0");
             goto done;
         }
         float *row = calls + i * cw;
         row[c[0]] = is ? 1.0f : 0.0f;
-        row[c[1]] = clipped(b * inv, clip);
-        row[c[2]] = clipped((a + b) / h, clip);
+        row[c[1]] = clipped(best[i] * inv, clip);
+        row[c[2]] = clipped((a + best[i]) / h, clip);
     }
-    for (Py_ssize_t p = 0; p < P; p++) pre[p * pw + c[3]] = clipped((dat(free, p) - now) * inv, clip);
+    for (Py_ssize_t p = 0; p < P; p++) {
+        double f = dat(free, p);
+        if (PyErr_Occurred()) goto done;
+        pre[p * pw + c[3]] = clipped((f - now) * inv, clip);
+    }
     for (Py_ssize_t d = 0; d < D; d++) {
-        double cp = dat(cap, d), mb = dat(top, d);
+        double cp = dat(cap, d), mb = dat(top, d), tk = dat(tokens, d), cn = dat(count, d);
+        if (PyErr_Occurred()) goto done;
         if (cp == 0.0 || mb == 0.0) {
-            PyErr_SetString(PyExc_ZeroDivisionError, "observe_columns: a capacity is 0");
+            PyErr_SetString(PyExc_ZeroDivisionError, "observe_step: a capacity is 0");
             goto done;
         }
-        dec[d * dw + c[4]] = clipped(dat(tokens, d) / cp, clip);
-        dec[d * dw + c[5]] = clipped(dat(count, d) / mb, clip);
+        dec[d * dw + c[4]] = clipped(tk / cp, clip);
+        dec[d * dw + c[5]] = clipped(cn / mb, clip);
     }
-    if (PyErr_Occurred()) goto done;
-    result = Py_None;
-    Py_INCREF(result);
+    glob[c[6]] = (float)((double)(n - picks) / (double)K);
+    glob[c[7]] = (float)((double)picks / (double)K);
+    obs = PyDict_New();
+    if (obs == NULL) goto done;
+    for (int j = 0; j < 6; j++) /* calls, delta (the grid), prefill, decode, globals, cached */
+        if (PyDict_SetItem(obs, obs_keys[j], (PyObject *)arr[j]) < 0) goto done;
+    result = PyTuple_Pack(2, obs, (PyObject *)arr[6]);
 done:
-    PyBuffer_Release(&cv);
-    PyBuffer_Release(&pv);
-    PyBuffer_Release(&dv);
+    PyMem_Free(best);
+    Py_XDECREF(contig);
+    for (int j = 0; j < 7; j++) Py_XDECREF(arr[j]);
+    Py_XDECREF(obs);
     return result;
 }
 
@@ -1488,14 +1506,13 @@ static PyMethodDef methods[] = {
     {"prefill_grid", (PyCFunction)(void (*)(void))prefill_grid, METH_FASTCALL,
      "prefill_grid(<best_prefill_pairs' arguments>, out) -> None: prefill_delta_one of each call "
      "in slots written into out[i] (float64, n x P x D)."},
-    {"delta_grid", (PyCFunction)(void (*)(void))delta_grid, METH_FASTCALL,
-     "delta_grid(delta, inv, clip, masked, grid, mask) -> [row minimum]: the env's Δ encoding."},
     {"decode_limits", (PyCFunction)(void (*)(void))decode_limits, METH_FASTCALL,
      "decode_limits(capacity, tokens, count, max_batch) -> (slack, any_full): "
      "PlanState._decode_limits."},
-    {"observe_columns", (PyCFunction)(void (*)(void))observe_columns, METH_FASTCALL,
-     "observe_columns(calls, picked, best, age, h_est, prefill, free, decode, tokens, count, "
-     "capacity, max_batch, inv, clip, now, cols) -> None: the env's per-step columns."},
+    {"observe_step", (PyCFunction)(void (*)(void))observe_step, METH_FASTCALL,
+     "observe_step(delta, picked, age, h_est, free, tokens, count, capacity, max_batch, calls_t, "
+     "pre_t, dec_t, glob_t, cached_t, grid_shape, inv, clip, masked, now, picks, cols) -> "
+     "(obs, mask): the env's observation (see the source)."},
     {"begin_rows", (PyCFunction)(void (*)(void))begin_rows, METH_FASTCALL,
      "begin_rows(calls, decode_stage, now, inv, clip, log_tokens, table, cached, prefill, pre, "
      "decode, dec, cols) -> (age, h_est, running, batched): the env's per-decision features."},
@@ -1518,6 +1535,12 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_kernels",
                                     methods};
 
 PyMODINIT_FUNC PyInit__kernels(void) {
+    import_array();
+    static const char *const keys[6] = {"calls", "delta", "prefill", "decode", "globals",
+                                        "cached"};
+    for (int i = 0; i < 6; i++)
+        if (obs_keys[i] == NULL && (obs_keys[i] = PyUnicode_InternFromString(keys[i])) == NULL)
+            return NULL;
     for (int i = 0; i < A_COUNT; i++)
         if (attr_str[i] == NULL && (attr_str[i] = PyUnicode_InternFromString(attr_names[i])) == NULL)
             return NULL;

@@ -31,10 +31,6 @@ prefill_grid = None
 """The compiled ``Projections.prefill_delta_one`` for several calls of one window in one call,
 written into a float64 (n, P, D) array (``Projections.prefill_grid``), or None."""
 
-delta_grid = None
-"""The env's encoding of a window's Δ into its fixed-shape grid and joint mask, compiled
-(``envs.encoding.Encoder.observe``'s numpy steps, same values), or None."""
-
 decode_scan = None
 """The compiled ``placement.decode_scan_python`` (arguments: the tables' ``dec_kind`` and the
 decode lists), or None."""
@@ -60,23 +56,22 @@ begin_rows = None
 """The env observation's per-decision features (call rows, cache-hit fractions, instance
 queues and batches), compiled (``envs.encoding._begin_rows_python``, same values), or None."""
 
-observe_columns = None
-"""The env observation's per-step columns (min Δ, risk, Ŝ's free times and decode loads),
-compiled (``envs.encoding.Encoder.observe``'s Python lists, same values), or None."""
-
+observe_step = None
+"""The env's whole observation of a decision point (the Δ grid and joint mask, the per-step
+columns, fresh arrays from the per-decision templates), compiled (``envs.encoding.Encoder.
+observe``'s numpy and list code, same values), or None."""
 
 def use_compiled(on: bool) -> None:
     """Run the compiled kernels (``on``, if built) or the pure-Python rules from now on."""
-    global best_prefill_pairs, prefill_grid, delta_grid, decode_scan, prefill_free_times
-    global decode_limits, observe_columns, risk_plan, match_levels, earliest_pair, begin_rows
+    global best_prefill_pairs, prefill_grid, decode_scan, prefill_free_times, decode_limits
+    global observe_step, risk_plan, match_levels, earliest_pair, begin_rows
     on = bool(on and AVAILABLE)
     best_prefill_pairs = _compiled.best_prefill_pairs if on else None
     prefill_grid = _compiled.prefill_grid if on else None
-    delta_grid = _compiled.delta_grid if on else None
     decode_scan = _compiled.decode_scan if on else None
     prefill_free_times = _compiled.prefill_free_times if on else None
     decode_limits = _compiled.decode_limits if on else None
-    observe_columns = _compiled.observe_columns if on else None
+    observe_step = _compiled.observe_step if on else None
     begin_rows = _compiled.begin_rows if on else None
     risk_plan = _compiled.risk_plan if on else None
     match_levels = _compiled.match_levels if on else None
@@ -86,5 +81,5 @@ def use_compiled(on: bool) -> None:
 use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
 
 __all__ = ["AVAILABLE", "begin_rows", "best_prefill_pairs", "decode_limits", "decode_scan",
-           "delta_grid", "earliest_pair", "match_levels", "observe_columns", "prefill_free_times",
-           "prefill_grid", "risk_plan", "use_compiled"]
+           "earliest_pair", "match_levels", "observe_step", "prefill_free_times", "prefill_grid",
+           "risk_plan", "use_compiled"]

@@ -306,31 +306,6 @@ def test_compiled_decode_limits_equal_python():
     assert checked > 10 and tight > 0
 
 
-def test_compiled_observe_columns_by_hand_and_clear_errors():
-    fn = kernels._compiled.observe_columns
-    calls = np.zeros((3, 4), dtype=np.float32)
-    pre = np.zeros((2, 3), dtype=np.float32)
-    dec = np.zeros((2, 3), dtype=np.float32)
-    # slot 0 picked (best inf: min and risk clip to 100); slot 1: best 2 s, age 1 s, horizon 4 s
-    fn(calls, [True, False], [math.inf, 2.0], [0.0, 1.0], [1.0, 4.0], pre, [5.0, 3.0], dec,
-       [50.0, 0.0], [1, 0], [100.0, 10.0], [4.0, 4.0], 0.5, 100.0, 3.0, (0, 1, 2, 1, 0, 2))
-    assert calls[:2, :3].tolist() == [[1.0, 100.0, 100.0], [0.0, 1.0, 0.75]]
-    assert calls[2].tolist() == [0.0] * 4  # rows beyond the window are untouched
-    assert pre[:, 1].tolist() == [1.0, 0.0]
-    assert dec[:, 0].tolist() == [0.5, 0.0] and dec[:, 2].tolist() == [0.25, 0.0]
-    with pytest.raises(TypeError, match="takes 16 arguments"):
-        fn(calls)
-    with pytest.raises(ValueError, match="calls must be a 2-D float32 array"):
-        fn(calls.astype(np.float64), [], [], [], [], pre, [], dec, [], [], [], [], 1.0, 100.0,
-           0.0, (0, 1, 2, 1, 0, 2))
-    with pytest.raises(ValueError, match="rows or columns out of range"):
-        fn(calls, [], [], [], [], pre, [], dec, [], [], [], [], 1.0, 100.0, 0.0,
-           (0, 1, 9, 1, 0, 2))
-    with pytest.raises(ValueError, match="observe_columns: inconsistent sizes"):
-        fn(calls, [True], [], [], [], pre, [], dec, [], [], [], [], 1.0, 100.0, 0.0,
-           (0, 1, 2, 1, 0, 2))
-
-
 @pytest.mark.parametrize("build", [
     *[lambda c=c: EpisodeFactory(EpisodeConfig(**c, seed=2)).simulator() for c in EPISODES],
     lambda: EpisodeFactory(EpisodeConfig(cluster="hetero-1-x8", trace="bfcl_v3",
@@ -521,27 +496,75 @@ def test_compiled_earliest_pair_errors():
         fn(*wrong)
 
 
-def test_compiled_delta_grid_by_hand_and_clear_errors():
-    fn = kernels._compiled.delta_grid
-    # 2 calls on 1 prefill x 2 decode instances, encoded into K=3, P_max=2, D_max=2 slots at
-    # 0.5 units per second, clipped at 100: call 0's (0, 1) entry is invalid (inf), call 1's
-    # (0, 0) is 400 s (clipped)
-    delta = np.array([[[2.0, np.inf]], [[400.0, 6.0]]])
-    grid = np.zeros((3, 2, 2), dtype=np.float32)
-    mask = np.zeros(12, dtype=bool)
-    assert fn(delta, 0.5, 100.0, -1.0, grid, mask) == [2.0, 6.0]
+def _observe_step_args(**change):
+    """observe_step's arguments for 2 calls on 1 prefill x 2 decode instances, encoded into
+    K=3, P_max=2, D_max=2 slots at 0.5 units per second, clipped at 100 (columns: calls 0-2,
+    prefill 1, decode 0 and 2, globals 0 and 1); ``change`` replaces some by name."""
+    args = dict(
+        delta=np.array([[[2.0, np.inf]], [[400.0, 6.0]]]),  # (0, 1) of call 0 invalid
+        picked=[False, False], age=[0.0, 1.0], h_est=[1.0, 4.0], free=[5.0],
+        tokens=[50.0, 0.0], count=[1, 0], capacity=[100.0, 10.0], max_batch=[4.0, 4.0],
+        calls_t=np.full((3, 4), 7.0, np.float32), pre_t=np.full((2, 3), 7.0, np.float32),
+        dec_t=np.full((2, 3), 7.0, np.float32), glob_t=np.full(3, 7.0, np.float32),
+        cached_t=np.full((3, 2), 0.5, np.float32), grid_shape=(3, 2, 2), inv=0.5, clip=100.0,
+        masked=-1.0, now=3.0, picks=0, cols=(0, 1, 2, 1, 0, 2, 0, 1))
+    args.update(change)
+    return list(args.values())
+
+
+def test_compiled_observe_step_by_hand():
+    fn = kernels._compiled.observe_step
+    args = _observe_step_args()
+    obs, mask = fn(*args)
+    assert list(obs) == ["calls", "delta", "prefill", "decode", "globals", "cached"]
+    assert all(a.dtype == np.float32 for a in obs.values()) and mask.dtype == bool
+    grid = obs["delta"]
+    assert grid.shape == (3, 2, 2)
     assert grid[0].tolist() == [[1.0, -1.0], [-1.0, -1.0]]
-    assert grid[1].tolist() == [[100.0, 3.0], [-1.0, -1.0]]
+    assert grid[1].tolist() == [[100.0, 3.0], [-1.0, -1.0]]  # 400 s clipped at 100
     assert grid[2].tolist() == [[-1.0, -1.0], [-1.0, -1.0]]
     assert np.flatnonzero(mask).tolist() == [0, 4, 5]
-    all_inf = np.full((1, 1, 2), np.inf)
-    assert fn(all_inf, 1.0, 100.0, -1.0, grid, mask) == [math.inf] and not mask.any()
-    with pytest.raises(TypeError, match="takes 6 arguments"):
-        fn(delta)
-    with pytest.raises(ValueError, match="grid float32"):
-        fn(delta, 0.5, 100.0, -1.0, grid.astype(np.float64), mask)
-    with pytest.raises(ValueError, match="does not fit the grid"):
-        fn(np.zeros((4, 1, 2)), 0.5, 100.0, -1.0, grid, mask)
+    # row minima 2 s and 6 s: min Δ 1 and 3 units, risk (0 + 2) / 1 and (1 + 6) / 4
+    assert obs["calls"][:2, :3].tolist() == [[0.0, 1.0, 2.0], [0.0, 3.0, 1.75]]
+    assert obs["calls"][2].tolist() == [7.0] * 4  # the template beyond the window
+    assert obs["calls"][:2, 3].tolist() == [7.0, 7.0]
+    assert obs["prefill"][:, 1].tolist() == [1.0, 7.0]  # (5 - 3) * 0.5; padding untouched
+    assert obs["decode"][:, 0].tolist() == [0.5, 0.0] and obs["decode"][:, 2].tolist() == [0.25,
+                                                                                         0.0]
+    assert obs["globals"].tolist() == [np.float32(2 / 3), 0.0, 7.0]
+    assert obs["cached"].tolist() == [[0.5, 0.5]] * 3
+    # fresh arrays: the templates are untouched and a second call shares no memory
+    assert args[9].tolist() == [[7.0] * 4] * 3 and args[13].tolist() == [[0.5, 0.5]] * 3
+    again, mask2 = fn(*args)
+    assert not any(np.shares_memory(again[k], obs[k]) for k in obs)
+    assert not np.shares_memory(mask, mask2)
+    # slot 0 picked (its row all inf): min and risk clip to 100; one pick of 3 slots
+    obs, mask = fn(*_observe_step_args(delta=np.array([[[np.inf, np.inf]], [[400.0, 6.0]]]),
+                                       picked=[True, False], picks=1))
+    assert obs["calls"][0, :3].tolist() == [1.0, 100.0, 100.0]
+    assert obs["globals"][:2].tolist() == [np.float32(1 / 3), np.float32(1 / 3)]
+    assert np.flatnonzero(mask).tolist() == [4, 5]
+    # a non-contiguous Δ is read as its contiguous copy
+    strided = np.array([[[2.0, 9.0, np.inf, 9.0]], [[400.0, 9.0, 6.0, 9.0]]])[:, :, ::2]
+    assert fn(*_observe_step_args(delta=strided))[0]["delta"].tolist() == grid.tolist()
+
+
+def test_compiled_observe_step_errors_name_the_problem():
+    fn = kernels._compiled.observe_step
+    with pytest.raises(TypeError, match="takes 21 arguments"):
+        fn(np.zeros((1, 1, 1)))
+    with pytest.raises(ValueError, match="delta must be a float64"):
+        fn(*_observe_step_args(delta=np.zeros((2, 1, 2), np.float32)))
+    with pytest.raises(ValueError, match="calls_t must be a C-contiguous float32 array"):
+        fn(*_observe_step_args(calls_t=np.zeros((3, 4))))
+    with pytest.raises(ValueError, match="inconsistent sizes"):
+        fn(*_observe_step_args(picked=[False]))
+    with pytest.raises(ValueError, match="do not fit the templates"):
+        fn(*_observe_step_args(cols=(0, 1, 9, 1, 0, 2, 0, 1)))
+    with pytest.raises(ValueError, match="do not fit the templates"):
+        fn(*_observe_step_args(grid_shape=(1, 2, 2)))
+    with pytest.raises(ZeroDivisionError, match="a capacity is 0"):
+        fn(*_observe_step_args(capacity=[100.0, 0.0]))
 
 
 def test_compiled_risk_plan_by_hand_and_clear_errors():
