@@ -181,8 +181,7 @@ class Encoder:
         self._decode = self._decode_static.copy()
         self._globals = np.zeros(len(GLOBAL_FEATURES), dtype=f32)
         self._cached = self._cached_empty.copy()
-        self._rows_used = 0  # window rows of _calls begin() last wrote
-        self._cached_rows = 0  # rows of _cached that may hold hits
+        self._rows_used = 0  # window rows begin() last wrote (begin_rows clears them)
         self._age: list[float] = []
         self._h_est: list[float] = []
 
@@ -209,28 +208,22 @@ class Encoder:
         self._dp = dp
         now = dp.now
         n = len(dp.calls)
-        decode_stage = dp.stage == Stage.DECODE
-        # prefix-cache hit fractions are fixed within a decision (caches change only between
-        # them); they are read from the calls' views, not dp.cached, so dp.batch is not built here
-        # written in place (observe copies them): begin_rows rewrites every row of the window
-        # and every live instance's columns, so only the previous window's rows need clearing
-        table, cached = self._calls, self._cached
-        if self._rows_used > n:
-            table[n:self._rows_used] = 0.0
-        if self._cached_rows:
-            cached[:self._cached_rows] = 0.0
-        self._rows_used, self._cached_rows = n, 0 if decode_stage else n
-        rows = kernels.begin_rows if kernels.begin_rows is not None else _begin_rows_python
-        self._age, self._h_est, running, batched = rows(
-            dp.calls, decode_stage, now, self.inv_ts, CLIP, LOG_TOKENS, table, cached,
-            sim.prefill, self._prefill, sim.decode, self._decode, _BEGIN_COLS)
-
+        stage = dp.stage
         arrived = len(sim.workflows)
         finished = len(sim.finished)
-        self._globals = np.array(
-            (float(dp.stage), min(now * self.inv_ts, CLIP), n / self.k, 0.0,
-             math.log1p(max(sim.num_waiting(dp.stage) - n, 0)), arrived / num_workflows,
-             finished / num_workflows, math.log1p(arrived - finished), 0.0), dtype=np.float32)
+        glob = (float(stage), min(now * self.inv_ts, CLIP), n / self.k, 0.0,
+                math.log1p(max(sim.num_waiting(stage) - n, 0)), arrived / num_workflows,
+                finished / num_workflows, math.log1p(arrived - finished), 0.0)
+        # written in place (observe copies them): begin_rows rewrites every row of the window
+        # and every live instance's columns and clears the previous window's rows. The
+        # prefix-cache hit fractions are fixed within a decision (caches change only between
+        # them); they are read from the calls' views, not dp.cached, so dp.batch is not built.
+        rows = kernels.begin_rows if kernels.begin_rows is not None else _begin_rows_python
+        self._age, self._h_est, running, batched = rows(
+            dp.calls, stage == Stage.DECODE, now, self.inv_ts, CLIP, LOG_TOKENS, self._calls,
+            self._cached, self._rows_used, sim.prefill, self._prefill, sim.decode, self._decode,
+            self._max_batch, _BEGIN_COLS, self._globals, glob)
+        self._rows_used = n
         return running, batched
 
     def observe(self) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -317,19 +310,25 @@ class Encoder:
 
 def _begin_rows_python(calls: list[Call], decode_stage: bool, now: float, inv: float,
                        clip: float, log_tokens: float, table: np.ndarray, cached: np.ndarray,
-                       prefill: list[PrefillInstance], pre: np.ndarray,
-                       decode: list[DecodeInstance], dec: np.ndarray,
-                       cols: tuple[int, int, int, int],
+                       clear: int, prefill: list[PrefillInstance], pre: np.ndarray,
+                       decode: list[DecodeInstance], dec: np.ndarray, max_batch: list[float],
+                       cols: tuple[int, int, int, int], glob: np.ndarray,
+                       glob_values: tuple[float, ...],
                        ) -> tuple[list[float], list[float], int, int]:
-    """The features fixed within a decision point, written in place: the calls' rows of
+    """The features fixed within a decision point, written in place: first the previous
+    window's rows (``table[n:clear]``, ``cached[:clear]``) are cleared; then the calls' rows of
     ``table`` (CALL_FEATURES, clipped at ``clip``), their prefix-cache hit fractions in
-    ``cached`` (prefill stage), and the instances' queue, running, batch and waiting columns
-    ``cols`` of ``pre`` and ``dec``. Returns each call's age, its horizon guarded above 0, the
-    prefill instances running a prefill and the calls in decode batches (read on the way, for
-    the step's info).
+    ``cached`` (prefill stage), the instances' queue, running, batch and waiting columns
+    ``cols`` of ``pre`` and ``dec``, and ``glob`` = ``glob_values``. Returns each call's age,
+    its horizon guarded above 0, the prefill instances running a prefill and the calls in
+    decode batches (read on the way, for the step's info).
 
     The reference of the compiled ``kernels.begin_rows`` (same float64 operations in the same
     order, then float32)."""
+    n = len(calls)
+    table[n:clear] = 0.0
+    cached[:clear] = 0.0
+    glob[:] = glob_values
     age, h_est, rows = [], [], []
     for c in calls:
         wf = c.workflow
@@ -344,7 +343,6 @@ def _begin_rows_python(calls: list[Call], decode_stage: bool, now: float, inv: f
             c.est_duration * inv, math.log1p(wf.num_done), wf.service * inv,
             math.log1p(len(wf.open_calls)), clip, clip,
         ))
-    n = len(calls)
     if n:
         block = table[:n]
         block[:] = rows
@@ -360,7 +358,7 @@ def _begin_rows_python(calls: list[Call], decode_stage: bool, now: float, inv: f
     P, D = len(prefill), len(decode)
     pre[:P, q] = [math.log1p(len(inst.queue)) for inst in prefill]
     pre[:P, r] = [inst.running is not None for inst in prefill]
-    dec[:D, b] = [len(inst.batch) / inst.max_batch for inst in decode]
+    dec[:D, b] = [len(inst.batch) / m for inst, m in zip(decode, max_batch, strict=True)]
     dec[:D, w] = [math.log1p(len(inst.waiting)) for inst in decode]
     return (age, h_est, sum(inst.running is not None for inst in prefill),
             sum(len(inst.batch) for inst in decode))

@@ -600,29 +600,17 @@ static PyObject *decode_limits(PyObject *self, PyObject *const *args, Py_ssize_t
     return Py_BuildValue("(dO)", slack, full ? Py_True : Py_False);
 }
 
-/* A writable C-contiguous float32 2-D buffer: rows, columns and data. */
-static int f32_matrix(PyObject *o, Py_buffer *v, const char *name) {
-    if (PyObject_GetBuffer(o, v, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND)
-        < 0)
-        return -1;
-    if (v->ndim != 2 || strcmp(v->format, "f") != 0) {
-        PyErr_Format(PyExc_ValueError, "%s must be a 2-D float32 array", name);
-        PyBuffer_Release(v);
-        return -1;
-    }
-    return 0;
-}
-
 static inline float clipped(double x, double clip) { return (float)(clip < x ? clip : x); }
 
-/* A float32 C-contiguous array of ndim dimensions (a template of observe_step), or NULL with
- * a ValueError naming it. */
-static PyArrayObject *f32_template(PyObject *o, int ndim, const char *name) {
+/* o as a writable C-contiguous float32 numpy array of ndim dimensions, or NULL with a
+ * ValueError naming the kernel fn and the argument. */
+static PyArrayObject *f32_array(PyObject *o, int ndim, const char *fn, const char *name) {
     if (!PyArray_Check(o) || PyArray_TYPE((PyArrayObject *)o) != NPY_FLOAT32 ||
         PyArray_NDIM((PyArrayObject *)o) != ndim ||
-        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)o)) {
-        PyErr_Format(PyExc_ValueError, "observe_step: %s must be a C-contiguous float32 array "
-                     "of %d dimensions", name, ndim);
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)o) ||
+        !PyArray_ISWRITEABLE((PyArrayObject *)o)) {
+        PyErr_Format(PyExc_ValueError, "%s: %s must be a writable C-contiguous float32 array "
+                     "of %d dimensions", fn, name, ndim);
         return NULL;
     }
     return (PyArrayObject *)o;
@@ -676,7 +664,8 @@ static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t 
     static const char *const tnames[5] = {"calls_t", "pre_t", "dec_t", "glob_t", "cached_t"};
     static const int tdims[5] = {2, 2, 2, 1, 2};
     for (int j = 0; j < 5; j++)
-        if ((tpl[j] = f32_template(args[9 + j], tdims[j], tnames[j])) == NULL) return NULL;
+        if ((tpl[j] = f32_array(args[9 + j], tdims[j], "observe_step", tnames[j])) == NULL)
+            return NULL;
     if (!PyArray_Check(args[0]) || PyArray_TYPE((PyArrayObject *)args[0]) != NPY_DOUBLE ||
         PyArray_NDIM((PyArrayObject *)args[0]) != 3) {
         PyErr_SetString(PyExc_ValueError, "observe_step: delta must be a float64 (n, P, D) "
@@ -796,11 +785,11 @@ done:
 /* Interned attribute names of the core's entities read by begin_rows (set at import). */
 enum { A_WORKFLOW, A_ARRIVAL, A_H_EST, A_TRANSFER_END, A_REVEAL_T, A_L_IN, A_L_OUT_PRED,
        A_EST_DURATION, A_NUM_DONE, A_SERVICE, A_OPEN_CALLS, A_CACHED, A_RUNNING, A_QUEUE,
-       A_BATCH, A_MAX_BATCH, A_WAITING, A_COUNT };
+       A_BATCH, A_WAITING, A_COUNT };
 static const char *const attr_names[A_COUNT] = {
     "workflow", "arrival", "h_est", "transfer_end", "reveal_t", "l_in", "l_out_pred",
     "est_duration", "num_done", "service", "open_calls", "cached", "running", "queue", "batch",
-    "max_batch", "waiting"};
+    "waiting"};
 static PyObject *attr_str[A_COUNT];
 
 /* obj.<name> as a double (attr_num) or len(obj.<name>) (attr_len); with an error set when the
@@ -821,28 +810,34 @@ static double attr_len(PyObject *obj, int name) {
     return (double)n;
 }
 
-/* begin_rows(calls, decode_stage, now, inv, clip, log_tokens, table, cached, prefill, pre,
- *            decode, dec, cols) -> (age, h_est)
- * envs.encoding.Encoder._begin_rows_python, compiled: the features fixed within a decision
- * point. For each call i (a Call of the core): table[i] (float32, 14 columns in CALL_FEATURES'
- * order) = min(row, clip) of (1, 0, a * inv, (now - entered) * inv, h * inv, a / h or 0 when
- * h <= 0, tok(l_in), tok(l_out_pred), est_duration * inv, log1p(num_done), service * inv,
- * log1p(len(open_calls)), clip, clip) with a = now - workflow.arrival, h = workflow.h_est,
- * entered = transfer_end at the decode stage else reveal_t, tok(x) = log1p(x) / log_tokens;
- * at the prefill stage, cached[i, p] = min(cached_hits[p] / max(l_in, 1), 1) for calls whose
- * cached view is set. For each prefill instance p: pre[p, cols[0]] = log1p(len(queue)),
+/* begin_rows(calls, decode_stage, now, inv, clip, log_tokens, table, cached, clear, prefill,
+ *            pre, decode, dec, max_batch, cols, glob, glob_values)
+ *     -> (age, h_est, running, batched)
+ * envs.encoding._begin_rows_python, compiled: the features fixed within a decision point,
+ * written in place into the float32 arrays table (K, 14), cached (K, P_max), pre, dec and glob.
+ * First table's rows [n, clear) and cached's rows [0, clear) become 0 (the previous window's).
+ * For each call i (a Call of the core): table[i] = min(row, clip) of (1, 0, a * inv,
+ * (now - entered) * inv, h * inv, a / h or 0 when h <= 0, tok(l_in), tok(l_out_pred),
+ * est_duration * inv, log1p(num_done), service * inv, log1p(len(open_calls)), clip, clip)
+ * (CALL_FEATURES' order) with a = now - workflow.arrival, h = workflow.h_est, entered =
+ * transfer_end at the decode stage else reveal_t, tok(x) = log1p(x) / log_tokens; at the
+ * prefill stage, cached[i, p] = min(cached_hits[p] / max(l_in, 1), 1) for calls whose cached
+ * view is set. For each prefill instance p: pre[p, cols[0]] = log1p(len(queue)),
  * pre[p, cols[1]] = running is not None; for each decode instance d:
- * dec[d, cols[2]] = len(batch) / max_batch, dec[d, cols[3]] = log1p(len(waiting)).
- * Returns (age, h_est, running, batched): the lists age (a per call) and h_est (h, or 1e-9 when
- * h <= 0), the prefill instances running a prefill and the calls in decode batches. Arithmetic
- * in float64 in the Python order, then float32. */
+ * dec[d, cols[2]] = len(batch) / max_batch[d], dec[d, cols[3]] = log1p(len(waiting)).
+ * glob[j] = glob_values[j]. Returns (age, h_est, running, batched): the lists age (a per call)
+ * and h_est (h, or 1e-9 when h <= 0), the prefill instances running a prefill and the calls in
+ * decode batches. Arithmetic in float64 in the Python order, then float32. */
 static PyObject *begin_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (!arity(nargs, 13, "begin_rows")) return NULL;
-    PyObject *calls = args[0], *pinst = args[8], *dinst = args[10], *cols = args[12];
+    if (!arity(nargs, 17, "begin_rows")) return NULL;
+    PyObject *calls = args[0], *pinst = args[9], *dinst = args[11], *top = args[13];
+    PyObject *cols = args[14], *gvals = args[16];
     int decode_stage = PyObject_IsTrue(args[1]);
     double now = num(args[2]), inv = num(args[3]), clip = num(args[4]), lt = num(args[5]);
+    Py_ssize_t clear = PyLong_AsSsize_t(args[8]);
     if (decode_stage < 0 || PyErr_Occurred() || !is_seq(calls, "calls") ||
-        !is_seq(pinst, "prefill") || !is_seq(dinst, "decode") || !is_seq(cols, "cols"))
+        !is_seq(pinst, "prefill") || !is_seq(dinst, "decode") || !is_seq(top, "max_batch") ||
+        !is_seq(cols, "cols") || !is_seq(gvals, "glob_values"))
         return NULL;
     if (Py_SIZE(cols) != 4) {
         PyErr_SetString(PyExc_ValueError, "begin_rows: cols must hold 4 column indices");
@@ -852,29 +847,37 @@ static PyObject *begin_rows(PyObject *self, PyObject *const *args, Py_ssize_t na
     for (int j = 0; j < 4; j++) c[j] = iat(cols, j);
     if (PyErr_Occurred()) return NULL;
     Py_ssize_t n = Py_SIZE(calls), P = Py_SIZE(pinst), D = Py_SIZE(dinst);
-    Py_buffer tv, kv, pv, dv;
-    int got = 0;
-    PyObject *age = NULL, *hest = NULL, *result = NULL, *wf = NULL, *hits = NULL;
-    if (f32_matrix(args[6], &tv, "table") < 0) return NULL;
-    got = 1;
-    if (f32_matrix(args[7], &kv, "cached") < 0) goto done;
-    got = 2;
-    if (f32_matrix(args[9], &pv, "pre") < 0) goto done;
-    got = 3;
-    if (f32_matrix(args[11], &dv, "dec") < 0) goto done;
-    got = 4;
-    Py_ssize_t tw = tv.shape[1], kw = kv.shape[1], pw = pv.shape[1], dw = dv.shape[1];
-    if (tw != 14 || n > tv.shape[0] || n > kv.shape[0] || P > kw || P > pv.shape[0] ||
-        D > dv.shape[0] || c[0] < 0 || c[1] < 0 || c[0] >= pw || c[1] >= pw || c[2] < 0 ||
-        c[3] < 0 || c[2] >= dw || c[3] >= dw) {
+    PyArrayObject *ta, *ka, *pa, *da, *ga;
+    if ((ta = f32_array(args[6], 2, "begin_rows", "table")) == NULL ||
+        (ka = f32_array(args[7], 2, "begin_rows", "cached")) == NULL ||
+        (pa = f32_array(args[10], 2, "begin_rows", "pre")) == NULL ||
+        (da = f32_array(args[12], 2, "begin_rows", "dec")) == NULL ||
+        (ga = f32_array(args[15], 1, "begin_rows", "glob")) == NULL)
+        return NULL;
+    Py_ssize_t K = PyArray_DIM(ta, 0), tw = PyArray_DIM(ta, 1), kw = PyArray_DIM(ka, 1);
+    Py_ssize_t pw = PyArray_DIM(pa, 1), dw = PyArray_DIM(da, 1);
+    if (tw != 14 || n > K || PyArray_DIM(ka, 0) != K || clear < 0 || clear > K || P > kw ||
+        P > PyArray_DIM(pa, 0) || D > PyArray_DIM(da, 0) || Py_SIZE(top) != D ||
+        Py_SIZE(gvals) != PyArray_DIM(ga, 0) || c[0] < 0 || c[1] < 0 || c[0] >= pw ||
+        c[1] >= pw || c[2] < 0 || c[3] < 0 || c[2] >= dw || c[3] >= dw) {
         PyErr_SetString(PyExc_ValueError, "begin_rows: rows or columns out of range (table "
-                        "must have 14 columns)");
-        goto done;
+                        "must have 14 columns, max_batch one entry per decode instance, "
+                        "glob_values one per glob entry)");
+        return NULL;
     }
+    PyObject *age = NULL, *hest = NULL, *result = NULL, *wf = NULL, *hits = NULL;
+    float *table = PyArray_DATA(ta), *cached = PyArray_DATA(ka), *pre = PyArray_DATA(pa);
+    float *dec = PyArray_DATA(da), *glob = PyArray_DATA(ga);
+    for (Py_ssize_t j = 0; j < PyArray_DIM(ga, 0); j++) {
+        double g = dat(gvals, j);
+        if (PyErr_Occurred()) return NULL;
+        glob[j] = (float)g;
+    }
+    if (clear > n) memset(table + n * tw, 0, sizeof(float) * (size_t)((clear - n) * tw));
+    memset(cached, 0, sizeof(float) * (size_t)(clear * kw));
     age = PyList_New(n);
     hest = PyList_New(n);
     if (age == NULL || hest == NULL) goto done;
-    float *table = tv.buf, *cached = kv.buf, *pre = pv.buf, *dec = dv.buf;
     Py_ssize_t running_n = 0, batched = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *call = at(calls, i);
@@ -945,15 +948,15 @@ static PyObject *begin_rows(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyObject *inst = at(dinst, d);
         double batch = attr_len(inst, A_BATCH);
         if (PyErr_Occurred()) goto done;
-        double top = attr_num(inst, A_MAX_BATCH);
-        if (PyErr_Occurred()) goto done;
         double waiting = attr_len(inst, A_WAITING);
         if (PyErr_Occurred()) goto done;
-        if (top == 0.0) {
+        double most = dat(top, d);
+        if (PyErr_Occurred()) goto done;
+        if (most == 0.0) {
             PyErr_SetString(PyExc_ZeroDivisionError, "begin_rows: a decode max_batch is 0");
             goto done;
         }
-        dec[d * dw + c[2]] = (float)(batch / top);
+        dec[d * dw + c[2]] = (float)(batch / most);
         batched += (Py_ssize_t)batch;
         dec[d * dw + c[3]] = (float)log1p(waiting);
     }
@@ -963,10 +966,6 @@ done:
     Py_XDECREF(hits);
     Py_XDECREF(age);
     Py_XDECREF(hest);
-    if (got >= 1) PyBuffer_Release(&tv);
-    if (got >= 2) PyBuffer_Release(&kv);
-    if (got >= 3) PyBuffer_Release(&pv);
-    if (got >= 4) PyBuffer_Release(&dv);
     return result;
 }
 
@@ -1514,8 +1513,9 @@ static PyMethodDef methods[] = {
      "pre_t, dec_t, glob_t, cached_t, grid_shape, inv, clip, masked, now, picks, cols) -> "
      "(obs, mask): the env's observation (see the source)."},
     {"begin_rows", (PyCFunction)(void (*)(void))begin_rows, METH_FASTCALL,
-     "begin_rows(calls, decode_stage, now, inv, clip, log_tokens, table, cached, prefill, pre, "
-     "decode, dec, cols) -> (age, h_est, running, batched): the env's per-decision features."},
+     "begin_rows(calls, decode_stage, now, inv, clip, log_tokens, table, cached, clear, prefill, "
+     "pre, decode, dec, max_batch, cols, glob, glob_values) -> (age, h_est, running, batched): "
+     "the env's per-decision features."},
     {"risk_plan", (PyCFunction)(void (*)(void))risk_plan, METH_FASTCALL,
      "risk_plan(...) -> [(slot, p, d, delta)]: agents.hexagent's ranking of a prefill window, "
      "compiled (see the source)."},

@@ -555,7 +555,7 @@ def test_compiled_observe_step_errors_name_the_problem():
         fn(np.zeros((1, 1, 1)))
     with pytest.raises(ValueError, match="delta must be a float64"):
         fn(*_observe_step_args(delta=np.zeros((2, 1, 2), np.float32)))
-    with pytest.raises(ValueError, match="calls_t must be a C-contiguous float32 array"):
+    with pytest.raises(ValueError, match="calls_t must be a writable C-contiguous float32 array"):
         fn(*_observe_step_args(calls_t=np.zeros((3, 4))))
     with pytest.raises(ValueError, match="inconsistent sizes"):
         fn(*_observe_step_args(picked=[False]))
@@ -616,13 +616,16 @@ def test_compiled_begin_rows_by_hand_and_equal_to_python(decode_stage):
     calls, prefill, decode = _begin_fixture()
 
     def run(fn):
-        out = (np.zeros((3, 14), np.float32), np.zeros((3, 2), np.float32),
-               np.zeros((2, 4), np.float32), np.zeros((2, 3), np.float32))
+        # the arrays hold a previous window of 3 calls (9s): begin_rows clears its rows
+        out = (np.full((3, 14), 9.0, np.float32), np.full((3, 2), 9.0, np.float32),
+               np.zeros((2, 4), np.float32), np.zeros((2, 3), np.float32),
+               np.zeros(3, np.float32))
         age, h, running, batched = fn(calls, decode_stage, 5.0, 0.5, 100.0, 10.0, out[0],
-                                      out[1], prefill, out[2], decode, out[3], (0, 1, 2, 0))
+                                      out[1], 3, prefill, out[2], decode, out[3], [4.0, 2.0],
+                                      (0, 1, 2, 0), out[4], (1.0, 0.1, 2.0))
         return age, h, (running, batched), out
 
-    age, h, counts, (table, cached, pre, dec) = run(kernels._compiled.begin_rows)
+    age, h, counts, (table, cached, pre, dec, glob) = run(kernels._compiled.begin_rows)
     assert age == [4.0, 3.0] and h == [1e-9, 4.0]  # a horizon of 0 is guarded above 0
     assert counts == (1, 1)  # one prefill running, one call in a decode batch
     # call 1: age 3 s and horizon 4 s at 0.5 units per s; waited since reveal (3 s) or the end
@@ -632,7 +635,7 @@ def test_compiled_begin_rows_by_hand_and_equal_to_python(decode_stage):
                 math.log1p(2), 100.0, 100.0]
     assert table[1].tolist() == np.float32(expected).tolist()
     assert table[0, 5] == 0.0 and table[0, 6] == np.float32(math.log1p(99) / 10.0)
-    assert table[2].tolist() == [0.0] * 14  # beyond the window: untouched
+    assert table[2].tolist() == [0.0] * 14  # the previous window's row, cleared
     # hits [0, 3] of an empty prompt: divided by 1 and capped at 1; nothing at the decode stage
     assert cached.tolist() == ([[0, 0], [0, 0], [0, 0]] if decode_stage
                                else [[0, 0], [0.0, 1.0], [0, 0]])
@@ -640,9 +643,10 @@ def test_compiled_begin_rows_by_hand_and_equal_to_python(decode_stage):
     assert pre[:, 1].tolist() == [0.0, 1.0]
     assert dec[:, 2].tolist() == [0.25, 0.0] and dec[:, 0].tolist() == [0.0,
                                                                        np.float32(math.log1p(1))]
+    assert glob.tolist() == [1.0, np.float32(0.1), 2.0]
     py_age, py_h, py_counts, py_out = run(_begin_rows_python)
     assert (age, h, counts) == (py_age, py_h, py_counts)
-    for a, b in zip((table, cached, pre, dec), py_out, strict=True):
+    for a, b in zip((table, cached, pre, dec, glob), py_out, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -652,25 +656,32 @@ def test_compiled_begin_rows_errors_name_the_problem():
     calls, prefill, decode = _begin_fixture()
     table, cached = np.zeros((3, 14), np.float32), np.zeros((3, 2), np.float32)
     pre, dec = np.zeros((2, 4), np.float32), np.zeros((2, 3), np.float32)
+    glob = np.zeros(2, np.float32)
 
     def call(**change):
-        args = dict(calls=calls, table=table, pre=pre, cols=(0, 1, 2, 0), decode=decode)
+        args = dict(calls=calls, table=table, pre=pre, cols=(0, 1, 2, 0), decode=decode,
+                    top=[4.0, 2.0], values=(0.0, 1.0), clear=0)
         args.update(change)
-        return fn(args["calls"], False, 5.0, 0.5, 100.0, 10.0, args["table"], cached, prefill,
-                  args["pre"], args["decode"], dec, args["cols"])
+        return fn(args["calls"], False, 5.0, 0.5, 100.0, 10.0, args["table"], cached,
+                  args["clear"], prefill, args["pre"], args["decode"], dec, args["top"],
+                  args["cols"], glob, args["values"])
 
-    with pytest.raises(TypeError, match="takes 13 arguments"):
+    with pytest.raises(TypeError, match="takes 17 arguments"):
         fn(calls)
-    with pytest.raises(ValueError, match="table must be a 2-D float32 array"):
+    with pytest.raises(ValueError, match="table must be a writable C-contiguous float32"):
         call(table=np.zeros((3, 14)))
     with pytest.raises(ValueError, match="table must have 14 columns"):
         call(table=np.zeros((3, 13), np.float32))
     with pytest.raises(ValueError, match="out of range"):
         call(cols=(0, 9, 2, 0))
+    with pytest.raises(ValueError, match="out of range"):
+        call(clear=4)
+    with pytest.raises(ValueError, match="glob_values one per glob entry"):
+        call(values=(0.0,))
     with pytest.raises(AttributeError, match="l_out_pred"):
         call(calls=[NS(workflow=calls[0].workflow, reveal_t=0.0, transfer_end=0.0, l_in=1)])
     with pytest.raises(ValueError, match="one entry per prefill instance"):
         bad = NS(**{**vars(calls[1]), "cached": [1]})
         call(calls=[bad])
     with pytest.raises(ZeroDivisionError, match="max_batch is 0"):
-        call(decode=[NS(batch=[], max_batch=0, waiting=[])] * 2)
+        call(top=[0.0, 1.0])
