@@ -616,6 +616,15 @@ static PyArrayObject *f32_array(PyObject *o, int ndim, const char *fn, const cha
     return (PyArrayObject *)o;
 }
 
+/* A new array with tpl's shape and contents (tpl: a C-contiguous float32 array). Cheaper than
+ * PyArray_NewCopy, which runs numpy's general assignment machinery. */
+static PyArrayObject *fresh_copy(PyArrayObject *tpl) {
+    PyArrayObject *out = (PyArrayObject *)PyArray_SimpleNew(PyArray_NDIM(tpl), PyArray_DIMS(tpl),
+                                                            NPY_FLOAT32);
+    if (out != NULL) memcpy(PyArray_DATA(out), PyArray_DATA(tpl), (size_t)PyArray_NBYTES(tpl));
+    return out;
+}
+
 static PyObject *obs_keys[6]; /* "calls", "delta", "prefill", "decode", "globals", "cached" */
 
 /* observe_step(delta, picked, age, h_est, free, tokens, count, capacity, max_batch, calls_t,
@@ -699,12 +708,12 @@ static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t 
                                               NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
     if (contig == NULL) goto done;
     npy_intp gdims[3] = {K, PM, DM}, total = K * PM * DM;
-    arr[0] = (PyArrayObject *)PyArray_NewCopy(tpl[0], NPY_CORDER);
+    arr[0] = fresh_copy(tpl[0]);
     arr[1] = (PyArrayObject *)PyArray_SimpleNew(3, gdims, NPY_FLOAT32);
-    arr[2] = (PyArrayObject *)PyArray_NewCopy(tpl[1], NPY_CORDER);
-    arr[3] = (PyArrayObject *)PyArray_NewCopy(tpl[2], NPY_CORDER);
-    arr[4] = (PyArrayObject *)PyArray_NewCopy(tpl[3], NPY_CORDER);
-    arr[5] = (PyArrayObject *)PyArray_NewCopy(tpl[4], NPY_CORDER);
+    arr[2] = fresh_copy(tpl[1]);
+    arr[3] = fresh_copy(tpl[2]);
+    arr[4] = fresh_copy(tpl[3]);
+    arr[5] = fresh_copy(tpl[4]);
     arr[6] = (PyArrayObject *)PyArray_ZEROS(1, &total, NPY_BOOL, 0);
     best = PyMem_Malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
     for (int j = 0; j < 7; j++)
