@@ -171,7 +171,6 @@ class Encoder:
         self._pd_live = P * D
         self._calls_empty = np.zeros((k, len(CALL_FEATURES)), dtype=f32)
         self._grid_blank = np.full((k, p_max, d_max), DELTA_MASKED, dtype=f32)
-        self._grid_shape = (k, p_max, d_max)
         self._mask_blank = np.zeros(self.num_actions, dtype=bool)
         self._cached_empty = np.zeros((k, p_max), dtype=f32)
         # per-decision-point caches, filled by begin()
@@ -242,8 +241,8 @@ class Encoder:
             return kernels.observe_step(
                 dp.delta, dp.picked, self._age, self._h_est, state.free_l, state.dec_tokens_l,
                 state.dec_count_l, self._capacity, self._max_batch, self._calls, self._prefill,
-                self._decode, self._globals, self._cached, self._grid_shape, self.inv_ts, CLIP,
-                DELTA_MASKED, dp.now, len(dp.plan), _STEP_COLS)
+                self._decode, self._globals, self._cached, self._grid_blank, self.inv_ts, CLIP,
+                dp.now, len(dp.plan), _STEP_COLS)
         P, D = self.num_prefill, self.num_decode
         inv = self.inv_ts
         delta = dp.delta  # (n, P, D) seconds from now, inf = invalid; the core's cached array

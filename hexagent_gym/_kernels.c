@@ -628,13 +628,14 @@ static PyArrayObject *fresh_copy(PyArrayObject *tpl) {
 static PyObject *obs_keys[6]; /* "calls", "delta", "prefill", "decode", "globals", "cached" */
 
 /* observe_step(delta, picked, age, h_est, free, tokens, count, capacity, max_batch, calls_t,
- *              pre_t, dec_t, glob_t, cached_t, grid_shape, inv, clip, masked, now, picks,
- *              cols) -> (obs, mask)
+ *              pre_t, dec_t, glob_t, cached_t, grid_t, inv, clip, now, picks, cols)
+ *     -> (obs, mask)
  * envs.encoding.Encoder.observe, compiled: the observation dict of a decision point under the
  * current Ŝ and its flat joint mask, as fresh arrays.
- * - delta: the window's Δ, float64 (n, P, D) seconds (inf: invalid). "delta" is a new float32
- *   grid of grid_shape (K, P_max, D_max): (float) min(delta * inv, clip) where delta is finite,
- *   masked elsewhere; mask (bool, K * P_max * D_max) is true exactly at the finite entries.
+ * - delta: the window's Δ, float64 (n, P, D) seconds (inf: invalid). "delta" is a copy of
+ *   grid_t, the blank float32 (K, P_max, D_max) grid (every entry the masked value), with
+ *   (float) min(delta * inv, clip) where delta is finite; mask (bool, K * P_max * D_max) is
+ *   true exactly there.
  *   best[i] = row i's smallest Δ (inf when none is finite).
  * - "calls", "prefill", "decode", "globals", "cached": copies of the float32 templates calls_t
  *   (K, C), pre_t (P_max, F), dec_t (D_max, G), glob_t (H,), cached_t (K, P_max), then, with
@@ -648,31 +649,29 @@ static PyObject *obs_keys[6]; /* "calls", "delta", "prefill", "decode", "globals
  * Float64 arithmetic in the Python order, then float32; min(x, clip) is Python's (x unless
  * clip < x). */
 static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (!arity(nargs, 21, "observe_step")) return NULL;
+    if (!arity(nargs, 20, "observe_step")) return NULL;
     PyObject *picked = args[1], *age = args[2], *h_est = args[3], *free = args[4];
     PyObject *tokens = args[5], *count = args[6], *cap = args[7], *top = args[8];
-    PyObject *shape = args[14], *cols = args[20];
-    double inv = num(args[15]), clip = num(args[16]), masked = num(args[17]);
-    double now = num(args[18]);
-    Py_ssize_t picks = PyLong_AsSsize_t(args[19]);
+    PyObject *cols = args[19];
+    double inv = num(args[15]), clip = num(args[16]), now = num(args[17]);
+    Py_ssize_t picks = PyLong_AsSsize_t(args[18]);
     if (PyErr_Occurred() || !is_seq(picked, "picked") || !is_seq(age, "age") ||
         !is_seq(h_est, "h_est") || !is_seq(free, "free") || !is_seq(tokens, "tokens") ||
         !is_seq(count, "count") || !is_seq(cap, "capacity") || !is_seq(top, "max_batch") ||
-        !is_seq(shape, "grid_shape") || !is_seq(cols, "cols"))
+        !is_seq(cols, "cols"))
         return NULL;
-    if (Py_SIZE(cols) != 8 || Py_SIZE(shape) != 3) {
-        PyErr_SetString(PyExc_ValueError, "observe_step: cols must hold 8 column indices and "
-                        "grid_shape 3 sizes");
+    if (Py_SIZE(cols) != 8) {
+        PyErr_SetString(PyExc_ValueError, "observe_step: cols must hold 8 column indices");
         return NULL;
     }
-    Py_ssize_t c[8], gs[3];
+    Py_ssize_t c[8];
     for (int j = 0; j < 8; j++) c[j] = iat(cols, j);
-    for (int j = 0; j < 3; j++) gs[j] = iat(shape, j);
     if (PyErr_Occurred()) return NULL;
-    PyArrayObject *tpl[5];
-    static const char *const tnames[5] = {"calls_t", "pre_t", "dec_t", "glob_t", "cached_t"};
-    static const int tdims[5] = {2, 2, 2, 1, 2};
-    for (int j = 0; j < 5; j++)
+    PyArrayObject *tpl[6];
+    static const char *const tnames[6] = {"calls_t", "pre_t", "dec_t", "glob_t", "cached_t",
+                                          "grid_t"};
+    static const int tdims[6] = {2, 2, 2, 1, 2, 3};
+    for (int j = 0; j < 6; j++)
         if ((tpl[j] = f32_array(args[9 + j], tdims[j], "observe_step", tnames[j])) == NULL)
             return NULL;
     if (!PyArray_Check(args[0]) || PyArray_TYPE((PyArrayObject *)args[0]) != NPY_DOUBLE ||
@@ -681,7 +680,8 @@ static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t 
                         "array");
         return NULL;
     }
-    Py_ssize_t K = gs[0], PM = gs[1], DM = gs[2];
+    Py_ssize_t K = PyArray_DIM(tpl[5], 0), PM = PyArray_DIM(tpl[5], 1);
+    Py_ssize_t DM = PyArray_DIM(tpl[5], 2);
     PyArrayObject *dv = (PyArrayObject *)args[0];
     Py_ssize_t n = PyArray_DIM(dv, 0), P = PyArray_DIM(dv, 1), D = PyArray_DIM(dv, 2);
     npy_intp *ct = PyArray_DIMS(tpl[0]), *pt = PyArray_DIMS(tpl[1]), *dt = PyArray_DIMS(tpl[2]);
@@ -698,7 +698,7 @@ static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t 
         c[3] < 0 || c[3] >= pt[1] || c[4] < 0 || c[5] < 0 || c[4] >= dt[1] || c[5] >= dt[1] ||
         c[6] < 0 || c[7] < 0 || c[6] >= H || c[7] >= H) {
         PyErr_SetString(PyExc_ValueError, "observe_step: the window, instances or columns do "
-                        "not fit the templates and grid_shape");
+                        "not fit the templates");
         return NULL;
     }
     PyArrayObject *contig = NULL, *arr[7] = {NULL};  /* calls, grid, pre, dec, glob, cached, mask */
@@ -707,9 +707,9 @@ static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t 
     contig = (PyArrayObject *)PyArray_FromAny(args[0], PyArray_DescrFromType(NPY_DOUBLE), 3, 3,
                                               NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
     if (contig == NULL) goto done;
-    npy_intp gdims[3] = {K, PM, DM}, total = K * PM * DM;
+    npy_intp total = K * PM * DM;
     arr[0] = fresh_copy(tpl[0]);
-    arr[1] = (PyArrayObject *)PyArray_SimpleNew(3, gdims, NPY_FLOAT32);
+    arr[1] = fresh_copy(tpl[5]);
     arr[2] = fresh_copy(tpl[1]);
     arr[3] = fresh_copy(tpl[2]);
     arr[4] = fresh_copy(tpl[3]);
@@ -724,9 +724,8 @@ static PyObject *observe_step(PyObject *self, PyObject *const *args, Py_ssize_t 
     }
     /* the Δ grid, the mask and each row's smallest Δ */
     const double *src = PyArray_DATA(contig);
-    float *grid = PyArray_DATA(arr[1]), fill = (float)masked;
+    float *grid = PyArray_DATA(arr[1]);
     char *mask = PyArray_DATA(arr[6]);
-    for (npy_intp i = 0; i < total; i++) grid[i] = fill;
     for (Py_ssize_t i = 0; i < n; i++) {
         double low = INFINITY;
         for (Py_ssize_t p = 0; p < P; p++) {
@@ -1519,7 +1518,7 @@ static PyMethodDef methods[] = {
      "PlanState._decode_limits."},
     {"observe_step", (PyCFunction)(void (*)(void))observe_step, METH_FASTCALL,
      "observe_step(delta, picked, age, h_est, free, tokens, count, capacity, max_batch, calls_t, "
-     "pre_t, dec_t, glob_t, cached_t, grid_shape, inv, clip, masked, now, picks, cols) -> "
+     "pre_t, dec_t, glob_t, cached_t, grid_t, inv, clip, now, picks, cols) -> "
      "(obs, mask): the env's observation (see the source)."},
     {"begin_rows", (PyCFunction)(void (*)(void))begin_rows, METH_FASTCALL,
      "begin_rows(calls, decode_stage, now, inv, clip, log_tokens, table, cached, clear, prefill, "

@@ -498,16 +498,17 @@ def test_compiled_earliest_pair_errors():
 
 def _observe_step_args(**change):
     """observe_step's arguments for 2 calls on 1 prefill x 2 decode instances, encoded into
-    K=3, P_max=2, D_max=2 slots at 0.5 units per second, clipped at 100 (columns: calls 0-2,
-    prefill 1, decode 0 and 2, globals 0 and 1); ``change`` replaces some by name."""
+    K=3, P_max=2, D_max=2 slots (a blank grid of -1) at 0.5 units per second, clipped at 100
+    (columns: calls 0-2, prefill 1, decode 0 and 2, globals 0 and 1); ``change`` replaces some
+    by name."""
     args = dict(
         delta=np.array([[[2.0, np.inf]], [[400.0, 6.0]]]),  # (0, 1) of call 0 invalid
         picked=[False, False], age=[0.0, 1.0], h_est=[1.0, 4.0], free=[5.0],
         tokens=[50.0, 0.0], count=[1, 0], capacity=[100.0, 10.0], max_batch=[4.0, 4.0],
         calls_t=np.full((3, 4), 7.0, np.float32), pre_t=np.full((2, 3), 7.0, np.float32),
         dec_t=np.full((2, 3), 7.0, np.float32), glob_t=np.full(3, 7.0, np.float32),
-        cached_t=np.full((3, 2), 0.5, np.float32), grid_shape=(3, 2, 2), inv=0.5, clip=100.0,
-        masked=-1.0, now=3.0, picks=0, cols=(0, 1, 2, 1, 0, 2, 0, 1))
+        cached_t=np.full((3, 2), 0.5, np.float32), grid_t=np.full((3, 2, 2), -1.0, np.float32),
+        inv=0.5, clip=100.0, now=3.0, picks=0, cols=(0, 1, 2, 1, 0, 2, 0, 1))
     args.update(change)
     return list(args.values())
 
@@ -535,6 +536,7 @@ def test_compiled_observe_step_by_hand():
     assert obs["cached"].tolist() == [[0.5, 0.5]] * 3
     # fresh arrays: the templates are untouched and a second call shares no memory
     assert args[9].tolist() == [[7.0] * 4] * 3 and args[13].tolist() == [[0.5, 0.5]] * 3
+    assert (args[14] == -1.0).all()
     again, mask2 = fn(*args)
     assert not any(np.shares_memory(again[k], obs[k]) for k in obs)
     assert not np.shares_memory(mask, mask2)
@@ -551,7 +553,7 @@ def test_compiled_observe_step_by_hand():
 
 def test_compiled_observe_step_errors_name_the_problem():
     fn = kernels._compiled.observe_step
-    with pytest.raises(TypeError, match="takes 21 arguments"):
+    with pytest.raises(TypeError, match="takes 20 arguments"):
         fn(np.zeros((1, 1, 1)))
     with pytest.raises(ValueError, match="delta must be a float64"):
         fn(*_observe_step_args(delta=np.zeros((2, 1, 2), np.float32)))
@@ -562,7 +564,7 @@ def test_compiled_observe_step_errors_name_the_problem():
     with pytest.raises(ValueError, match="do not fit the templates"):
         fn(*_observe_step_args(cols=(0, 1, 9, 1, 0, 2, 0, 1)))
     with pytest.raises(ValueError, match="do not fit the templates"):
-        fn(*_observe_step_args(grid_shape=(1, 2, 2)))
+        fn(*_observe_step_args(grid_t=np.full((1, 2, 2), -1.0, np.float32)))
     with pytest.raises(ZeroDivisionError, match="a capacity is 0"):
         fn(*_observe_step_args(capacity=[100.0, 0.0]))
 
