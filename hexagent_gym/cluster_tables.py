@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from hexagent_gym.cluster import ClusterSpec
 
 INF = float("inf")
@@ -120,16 +122,18 @@ class ClusterTables:
         per_class = self.prefill_times_hit(input_tokens, own)
         return tuple([per_class[k] for k in self.pf_class_list])
 
-    def alone_estimate(self, input_tokens: int, own: int, output_tokens: float) -> float:
-        """:meth:`standalone_estimate` of a call without estimation errors (prefill
-        :meth:`alone_prefill`, decode error 1), cached by its three arguments: the engine asks
-        it for every call twice (on reveal with the predicted output, on completion with the
-        true one), and a trace repeats its lengths."""
+    def alone_estimate(self, alone: Sequence[float], input_tokens: int, own: int,
+                       output_tokens: float) -> float:
+        """:meth:`standalone_estimate` of a call without estimation errors, whose error-free
+        prefill alone is ``alone`` (= :meth:`alone_prefill` of ``input_tokens`` and ``own``:
+        the caller's contract, read only on a miss), cached by the three numbers: the engine
+        asks it for every call twice (on reveal with the predicted output, on completion with
+        the true one), and a trace repeats its lengths."""
         key = (input_tokens, own, output_tokens)
         hit = self._alone_cache.get(key)
         if hit is None:
-            hit = self._alone_cache[key] = self.standalone_estimate(
-                self.alone_prefill(input_tokens, own), input_tokens, output_tokens, 1.0)
+            hit = self._alone_cache[key] = self.standalone_estimate(alone, input_tokens,
+                                                                    output_tokens, 1.0)
         return hit
 
     def prefill_times_hit(self, input_tokens: int, cached: int) -> tuple[float, ...]:

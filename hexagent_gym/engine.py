@@ -346,7 +346,7 @@ class Engine(InstanceFlow, PlanFlow):
         self._waiting_prefill[call.uid] = call
         if self._decide:
             if err == 1.0 and call.dec_err == 1.0:
-                est = tables.alone_estimate(call.l_in, own, call.l_out_pred)
+                est = tables.alone_estimate(alone, call.l_in, own, call.l_out_pred)
             else:
                 est = tables.standalone_estimate(alone_est, call.l_in, call.l_out_pred,
                                                  call.dec_err)
@@ -394,7 +394,8 @@ class Engine(InstanceFlow, PlanFlow):
         if self._decide:
             if call.lead is None:  # pf_true is alone_prefill(l_in, own), as on reveal
                 own = call.spec.own_hit if self.caches is not None else 0
-                true_alone = self.tables.alone_estimate(call.l_in, own, call.l_out)
+                true_alone = self.tables.alone_estimate(call.pf_true, call.l_in, own,
+                                                        call.l_out)
             else:  # a rider holds its leader's pf_true
                 true_alone = self.tables.standalone_estimate(
                     call.pf_true, call.l_in, call.l_out, 1.0)
