@@ -27,6 +27,7 @@ def mean_own_context(l_in, l_out):
 
 
 _KEPT_INF_GRIDS = 32  # largest window whose inf Δ array inf_grid keeps
+_ALONE_CACHE_SIZE = 1 << 17  # standalone estimates alone_estimate keeps (about 20 MB)
 _XCOL_CACHE_FLOATS = 1 << 21  # transfer-column floats ClusterTables keeps (at most ≈ 64 MB)
 _SLOPE_SPAN = 8192.0  # context tokens over which the per-token slope of step time is measured
 
@@ -129,11 +130,13 @@ class ClusterTables:
         the caller's contract, read only on a miss), cached by the three numbers: the engine
         asks it for every call twice (on reveal with the predicted output, on completion with
         the true one), and a trace repeats its lengths."""
+        cache = self._alone_cache
         key = (input_tokens, own, output_tokens)
-        hit = self._alone_cache.get(key)
+        hit = cache.get(key)
         if hit is None:
-            hit = self._alone_cache[key] = self.standalone_estimate(alone, input_tokens,
-                                                                    output_tokens, 1.0)
+            if len(cache) >= _ALONE_CACHE_SIZE:  # predicted lengths may never repeat: bounded
+                cache.clear()
+            hit = cache[key] = self.standalone_estimate(alone, input_tokens, output_tokens, 1.0)
         return hit
 
     def prefill_times_hit(self, input_tokens: int, cached: int) -> tuple[float, ...]:

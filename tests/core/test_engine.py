@@ -197,3 +197,17 @@ def test_call_estimates_are_the_standalone_rule_of_their_own_inputs(error):
                                                                    1.0)
             checked += 1
     assert checked > 60
+
+
+def test_the_standalone_estimate_cache_stays_bounded(monkeypatch):
+    import hexagent_gym.cluster_tables as ct
+    from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+    monkeypatch.setattr(ct, "_ALONE_CACHE_SIZE", 4)
+    sim = EpisodeFactory(EpisodeConfig(cluster="hetero-1", trace="bfcl_v3", num_workflows=20,
+                                       load=1.0, seed=1)).simulator()
+    sim.run()
+    tables = sim.tables
+    assert 0 < len(tables._alone_cache) <= 4
+    for c in sim.workflows[0].calls:  # still the rule's floats after the clears
+        assert c.est_duration == tables.standalone_estimate(c.pf_true, c.l_in, c.l_out_pred,
+                                                            1.0)
