@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     from hexagent_gym.planner import ClusterTables
     from hexagent_gym.simulator import Simulator
 
+# Enum members as module constants: CPython 3.11 reads `Stage.X` through EnumType's slow
+# attribute hook (about 80 ns each), and these run several times per env step.
+_STAGE_DECODE = Stage.DECODE
+
 CLIP = 100.0
 """Upper bound of every normalised feature (times in ``time_scale`` units, ratios)."""
 DELTA_MASKED = -1.0
@@ -219,7 +223,7 @@ class Encoder:
         # them); they are read from the calls' views, not dp.cached, so dp.batch is not built.
         rows = kernels.begin_rows if kernels.begin_rows is not None else _begin_rows_python
         self._age, self._h_est, running, batched = rows(
-            dp.calls, stage == Stage.DECODE, now, self.inv_ts, CLIP, LOG_TOKENS, self._calls,
+            dp.calls, stage == _STAGE_DECODE, now, self.inv_ts, CLIP, LOG_TOKENS, self._calls,
             self._cached, self._rows_used, sim.prefill, self._prefill, sim.decode, self._decode,
             self._max_batch, _BEGIN_COLS, self._globals, glob)
         self._rows_used = n

@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from hexagent_gym.decisions import DecisionPoint
     from hexagent_gym.simulator import Simulator
 
+# Enum members as module constants: CPython 3.11 reads `Stage.X` through EnumType's slow
+# attribute hook (about 80 ns each), and these run several times per env step.
+_STAGE_DECODE = Stage.DECODE
+_STAGE_PREFILL = Stage.PREFILL
+
 STEP_INFO_KEYS = ("sim_time", "waiting_prefill", "waiting_decode", "running_prefill",
                   "running_decode", "workflows_arrived", "workflows_finished")
 """Keys of every step's (and reset's) ``info``; the same set on every step, so vector envs batch
@@ -37,8 +42,8 @@ def step_info(sim: Simulator, running: tuple[int, int] | None = None) -> dict[st
                    sum(len(inst.batch) for inst in sim.decode))
     return {
         "sim_time": float(sim.now),
-        "waiting_prefill": sim.num_waiting(Stage.PREFILL),
-        "waiting_decode": sim.num_waiting(Stage.DECODE),
+        "waiting_prefill": sim.num_waiting(_STAGE_PREFILL),
+        "waiting_decode": sim.num_waiting(_STAGE_DECODE),
         "running_prefill": running[0],
         "running_decode": running[1],
         "workflows_arrived": len(sim.workflows),
@@ -69,7 +74,7 @@ def render_ansi(sim: Simulator | None, dp: DecisionPoint | None, num_workflows: 
     if dp is None:
         lines.append("episode drained: no decision open")
     else:
-        stage = "prefill" if dp.stage == Stage.PREFILL else "decode"
+        stage = "prefill" if dp.stage == _STAGE_PREFILL else "decode"
         lines.append(f"decision at the {stage} stage: {len(dp.calls)} calls, "
                      f"{len(dp.plan)} picked")
         best = dp.min_delta

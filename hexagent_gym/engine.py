@@ -49,6 +49,21 @@ if TYPE_CHECKING:
     from hexagent_gym.cluster import ClusterSpec
 
 PickFn = Callable[[DecisionPoint], tuple[int, int, int]]
+# Enum members as module constants: CPython 3.11 reads `Stage.X` through EnumType's slow
+# attribute hook (about 80 ns each), and these run several times per env step.
+_CALLSTATE_DONE = CallState.DONE
+_CALLSTATE_WAITING_PREFILL = CallState.WAITING_PREFILL
+_PHASE_ARRIVAL = Phase.ARRIVAL
+_PHASE_DECODE_DONE = Phase.DECODE_DONE
+_PHASE_PLAN_LANDS = Phase.PLAN_LANDS
+_PHASE_PREEMPT = Phase.PREEMPT
+_PHASE_PREFILL_DONE = Phase.PREFILL_DONE
+_PHASE_RECOMPUTE_DONE = Phase.RECOMPUTE_DONE
+_PHASE_REVEAL = Phase.REVEAL
+_PHASE_SCHEDULE = Phase.SCHEDULE
+_PHASE_TRANSFER_DONE = Phase.TRANSFER_DONE
+_STAGE_PREFILL = Stage.PREFILL
+
 DECODE_ADMISSION = ("predicted", "true-demand")
 
 
@@ -152,14 +167,14 @@ class Engine(InstanceFlow, PlanFlow):
         self._next_arrival = 0
         self._push_next_arrival()
         self._handlers = {
-            Phase.DECODE_DONE: self._on_decode_done,
-            Phase.PREEMPT: self._on_preempt,
-            Phase.RECOMPUTE_DONE: self._on_recompute_done,
-            Phase.PREFILL_DONE: self._on_prefill_done,
-            Phase.TRANSFER_DONE: self._on_transfer_done,
-            Phase.REVEAL: self._reveal,
-            Phase.ARRIVAL: self._on_arrival,
-            Phase.PLAN_LANDS: self._on_plan_lands,
+            _PHASE_DECODE_DONE: self._on_decode_done,
+            _PHASE_PREEMPT: self._on_preempt,
+            _PHASE_RECOMPUTE_DONE: self._on_recompute_done,
+            _PHASE_PREFILL_DONE: self._on_prefill_done,
+            _PHASE_TRANSFER_DONE: self._on_transfer_done,
+            _PHASE_REVEAL: self._reveal,
+            _PHASE_ARRIVAL: self._on_arrival,
+            _PHASE_PLAN_LANDS: self._on_plan_lands,
         }
 
     # -- public API -------------------------------------------------------------------------------
@@ -170,7 +185,7 @@ class Engine(InstanceFlow, PlanFlow):
 
     def num_waiting(self, stage: Stage) -> int:
         """Calls currently waiting at ``stage`` (also those outside a decision's window)."""
-        return len(self._waiting_prefill if stage == Stage.PREFILL else self._waiting_decode)
+        return len(self._waiting_prefill if stage == _STAGE_PREFILL else self._waiting_decode)
 
     def run_until_decision(self) -> DecisionPoint | None:
         """Advance to the next decision point; None when the episode has drained.
@@ -188,7 +203,7 @@ class Engine(InstanceFlow, PlanFlow):
             self._close_decision(dp)
         heap = self.events.heap  # popped here directly: the loop runs a few times per step
         handlers = self._handlers
-        schedule = Phase.SCHEDULE
+        schedule = _PHASE_SCHEDULE
         while True:
             # Dispatch (start prefills, admit decodes) runs after the last event of an instant,
             # so it sees every completion, arrival and plan of that instant.
@@ -282,7 +297,7 @@ class Engine(InstanceFlow, PlanFlow):
     def _push_next_arrival(self) -> None:
         i = self._next_arrival
         if i < len(self.workload.workflows):
-            self.events.push(float(self.workload.arrivals[i]), Phase.ARRIVAL, i)
+            self.events.push(float(self.workload.arrivals[i]), _PHASE_ARRIVAL, i)
             self._next_arrival = i + 1
 
     # -- arrivals, reveals, completions ------------------------------------------------------
@@ -315,7 +330,7 @@ class Engine(InstanceFlow, PlanFlow):
                 self._reveal(c)
 
     def _reveal(self, call: Call) -> None:
-        call.state = CallState.WAITING_PREFILL
+        call.state = _CALLSTATE_WAITING_PREFILL
         call.reveal_t = self.now
         call.reveal_seq = seq = next(self._reveal_seq)
         call.queue_key = (UNPLANNED, seq)
@@ -359,13 +374,13 @@ class Engine(InstanceFlow, PlanFlow):
             call.ef_start = start + call.spec.tool_latency_s if call.spec.parents else 0.0
             call.ef = call.ef_start + est
             wf.refresh_h_est()
-            self._trigger(Stage.PREFILL)
+            self._trigger(_STAGE_PREFILL)
         if self._eager_fallback:
             self._place_fallback(call)
 
     def _complete(self, call: Call, inst: DecodeInstance) -> None:
         now = self.now
-        call.state = CallState.DONE
+        call.state = _CALLSTATE_DONE
         call.finish_t = now
         spans = self._spans
         if spans is not None:  # its last decode interval (its only one unless preempted)
@@ -409,7 +424,7 @@ class Engine(InstanceFlow, PlanFlow):
             child = calls[ci]
             child.pending_parents -= 1
             if child.pending_parents == 0:
-                self.events.push(now + child.spec.tool_latency_s, Phase.REVEAL, child)
+                self.events.push(now + child.spec.tool_latency_s, _PHASE_REVEAL, child)
         if wf.num_done == len(calls):
             wf.finish_t = now
             self._done_workflows += 1

@@ -19,6 +19,20 @@ if TYPE_CHECKING:
     from hexagent_gym.entities import DecodeInstance, PrefillInstance
 
 
+# Enum members as module constants: CPython 3.11 reads `Stage.X` through EnumType's slow
+# attribute hook (about 80 ns each), and these run several times per env step.
+_CALLSTATE_DECODE = CallState.DECODE
+_CALLSTATE_PREFILL = CallState.PREFILL
+_CALLSTATE_TRANSFER = CallState.TRANSFER
+_CALLSTATE_WAITING_DECODE = CallState.WAITING_DECODE
+_PHASE_DECODE_DONE = Phase.DECODE_DONE
+_PHASE_PREEMPT = Phase.PREEMPT
+_PHASE_PREFILL_DONE = Phase.PREFILL_DONE
+_PHASE_RECOMPUTE_DONE = Phase.RECOMPUTE_DONE
+_PHASE_TRANSFER_DONE = Phase.TRANSFER_DONE
+_STAGE_DECODE = Stage.DECODE
+
+
 class InstanceFlow:
     """Event handlers and dispatch of prefill and decode instances."""
 
@@ -30,7 +44,7 @@ class InstanceFlow:
         loads.pf_run_end[p] = -math.inf
         loads.pf_tokens[p] -= call.l_in
         call.prefill_end = self.now
-        call.state = CallState.TRANSFER
+        call.state = _CALLSTATE_TRANSFER
         if self.caches is not None:
             call.held = self.caches[p].insert(call.spec.blocks, call.held)
         d = call.decode_inst
@@ -38,7 +52,7 @@ class InstanceFlow:
         call.transfer_end = self.now + xfer
         if call.width > 1:
             for r in call_riders(call):
-                r.state = CallState.TRANSFER
+                r.state = _CALLSTATE_TRANSFER
                 r.prefill_end = self.now
                 r.transfer_end = call.transfer_end
         spans = self._spans
@@ -46,23 +60,23 @@ class InstanceFlow:
             spans.append(("prefill", p, call.prefill_start, self.now, call.uid, call.l_in,
                           call.hit))
             spans.append(("transfer", d, self.now, call.transfer_end, call.uid, call.l_in, p))
-        self.events.push(call.transfer_end, Phase.TRANSFER_DONE, call)
+        self.events.push(call.transfer_end, _PHASE_TRANSFER_DONE, call)
         self._mark_prefill(p)
 
     def _on_transfer_done(self, call: Call) -> None:
         if call.held:  # its KV has left: the prompt's blocks become evictable
             self.caches[call.prefill_inst].unlock(call.spec.blocks, call.held)
             call.held = 0
-        call.state = CallState.WAITING_DECODE
+        call.state = _CALLSTATE_WAITING_DECODE
         call.wait_since = self.now
         if call.width > 1:
             for r in call_riders(call):
-                r.state = CallState.WAITING_DECODE
+                r.state = _CALLSTATE_WAITING_DECODE
         call.queue_key = (UNPLANNED, next(self._fifo_seq))
         self.decode[call.decode_inst].waiting.append(call)
         self._waiting_decode[call.uid] = call
         if self._decide:
-            self._trigger(Stage.DECODE)
+            self._trigger(_STAGE_DECODE)
         self._mark_decode(call.decode_inst)
 
     def _on_decode_done(self, payload: tuple[int, int]) -> None:
@@ -91,7 +105,7 @@ class InstanceFlow:
         delay = inst.rerate()
         if delay == float("inf"):
             return
-        self.events.push(self.now + delay, Phase.DECODE_DONE, (inst.index, inst.version))
+        self.events.push(self.now + delay, _PHASE_DECODE_DONE, (inst.index, inst.version))
         if not self._overrun:
             return
         b = len(inst.batch)
@@ -99,7 +113,7 @@ class InstanceFlow:
         if at_finish > inst.capacity:
             v_cross = (inst.capacity - inst.true_base) / b
             when = self.now + max(v_cross - inst.v, 0.0) * inst.step
-            self.events.push(when, Phase.PREEMPT, (inst.index, inst.version))
+            self.events.push(when, _PHASE_PREEMPT, (inst.index, inst.version))
 
     def _on_preempt(self, payload: tuple[int, int]) -> None:
         """True KV use reached capacity: preempt the most recently admitted call that decodes
@@ -122,7 +136,7 @@ class InstanceFlow:
         # re-reserve at least what it now holds plus one token (its prediction proved short)
         need = victim.l_in + max(victim.l_out_pred, math.ceil(victim.generated) + 1)
         victim.kv_res = victim.kv_free = min(need, inst.capacity)
-        victim.state = CallState.WAITING_DECODE
+        victim.state = _CALLSTATE_WAITING_DECODE
         victim.wait_since = self.now
         victim.queue_key = (PREEMPTED, next(self._fifo_seq))  # back to the queue's front
         inst.waiting.append(victim)
@@ -131,7 +145,7 @@ class InstanceFlow:
         inst.hold = bool(inst.batch)  # wait until memory frees (a finish) before admitting
         self._reschedule(inst)
         if self._decide:
-            self._trigger(Stage.DECODE)
+            self._trigger(_STAGE_DECODE)
         self._mark_decode(d)
 
     def _on_recompute_done(self, call: Call) -> None:
@@ -166,7 +180,7 @@ class InstanceFlow:
         p = inst.index
         now = self.now
         del self._waiting_prefill[call.uid]
-        call.state = CallState.PREFILL
+        call.state = _CALLSTATE_PREFILL
         call.prefill_start = now
         queued = self.loads.pf_queued
         queued[p] = queued[p] - call.pf_queued if inst.queue else 0.0
@@ -196,13 +210,13 @@ class InstanceFlow:
         call.workflow.last_prefill = p
         if call.width > 1:
             for r in call_riders(call):
-                r.state = CallState.PREFILL
+                r.state = _CALLSTATE_PREFILL
                 r.prefill_start = now
                 r.prefill_inst, r.decode_inst = p, call.decode_inst
                 r.hit = r.l_in
                 self.prompt_tokens += r.l_in
                 self.cached_tokens += r.l_in
-        self.events.push(now + duration, Phase.PREFILL_DONE, p)
+        self.events.push(now + duration, _PHASE_PREFILL_DONE, p)
 
     def _admit(self, inst: DecodeInstance) -> None:
         waiting = inst.waiting
@@ -227,7 +241,7 @@ class InstanceFlow:
             waiting.pop(best)
             del self._waiting_decode[call.uid]
             del inst.inbound[call.uid]
-            call.state = CallState.DECODE
+            call.state = _CALLSTATE_DECODE
             call.decode_wait += self.now - call.wait_since
             if spans is not None and self.now > call.wait_since:
                 spans.append(("wait", inst.index, call.wait_since, self.now, call.uid, 0,
@@ -241,7 +255,7 @@ class InstanceFlow:
                 inst.recomputing[call.uid] = (self.now + redo, call)
                 if spans is not None:
                     self._seg_start[call.uid] = self.now
-                self.events.push(self.now + redo, Phase.RECOMPUTE_DONE, call)
+                self.events.push(self.now + redo, _PHASE_RECOMPUTE_DONE, call)
                 admitted = True  # its KV counts from now: the crossing instant moves
                 continue
             call.decode_start = self.now
@@ -251,7 +265,7 @@ class InstanceFlow:
                 call.group_left = call.width
                 inst.true_base += call.l_in  # the shared prompt, held until the last sample
                 for r in call_riders(call):
-                    r.state = CallState.DECODE
+                    r.state = _CALLSTATE_DECODE
                     r.decode_start = self.now
                     r.decode_wait = call.decode_wait
                     inst.admit_rider(r, self.now)

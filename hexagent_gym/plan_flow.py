@@ -15,6 +15,16 @@ from hexagent_gym.planner import earliest_pair, snapshot
 from hexagent_gym.prefix_cache import match_levels, view_of_levels
 from hexagent_gym.serving import call_riders
 
+# Enum members as module constants: CPython 3.11 reads `Stage.X` through EnumType's slow
+# attribute hook (about 80 ns each), and these run several times per env step.
+_CALLSTATE_TRANSFER = CallState.TRANSFER
+_CALLSTATE_WAITING_DECODE = CallState.WAITING_DECODE
+_CALLSTATE_WAITING_PREFILL = CallState.WAITING_PREFILL
+_PHASE_PLAN_LANDS = Phase.PLAN_LANDS
+_PHASE_SCHEDULE = Phase.SCHEDULE
+_PHASE_TRANSFER_DONE = Phase.TRANSFER_DONE
+_STAGE_PREFILL = Stage.PREFILL
+
 
 class PlanFlow:
     """Scheduling invocations and placements."""
@@ -38,22 +48,22 @@ class PlanFlow:
             self._replan[stage] = True
         elif not self._schedule_pushed[stage]:
             self._schedule_pushed[stage] = True
-            self.events.push(self.now, Phase.SCHEDULE, stage)
+            self.events.push(self.now, _PHASE_SCHEDULE, stage)
 
     def _open_decision(self, stage: Stage) -> DecisionPoint | None:
         self._schedule_pushed[stage] = False
-        waiting = self._waiting_prefill if stage == Stage.PREFILL else self._waiting_decode
+        waiting = self._waiting_prefill if stage == _STAGE_PREFILL else self._waiting_decode
         if not waiting:
             return None
         wall = time.perf_counter()
         k = self._window
         calls = list(waiting.values()) if k is None else list(itertools.islice(
             waiting.values(), k))
-        if stage == Stage.PREFILL and self.caches is not None:
+        if stage == _STAGE_PREFILL and self.caches is not None:
             for c in calls:
                 self._view(c)
         state = snapshot(self.tables, self.now, self.loads, self.decode, calls,
-                         stage == Stage.PREFILL)
+                         stage == _STAGE_PREFILL)
         state.free_decode = self.free_decode_calls
         self.invocations += 1
         return DecisionPoint(stage, self.now, calls, state, wall)
@@ -68,7 +78,7 @@ class PlanFlow:
             self._apply(dp.stage, dp.plan, dp.now)
         else:
             self._inflight[dp.stage] = True
-            self.events.push(self.now + latency, Phase.PLAN_LANDS, (dp.stage, dp.plan, dp.now))
+            self.events.push(self.now + latency, _PHASE_PLAN_LANDS, (dp.stage, dp.plan, dp.now))
 
     def _on_plan_lands(self, payload: tuple[Stage, list, float]) -> None:
         stage, plan, origin = payload
@@ -83,9 +93,9 @@ class PlanFlow:
         """Apply a plan made at ``origin`` to the calls that still wait at that stage (a late
         plan skips calls that started meanwhile)."""
         planned = set()
-        if stage == Stage.PREFILL:
+        if stage == _STAGE_PREFILL:
             for rank, (call, p, d, delta) in enumerate(plan):
-                if call.state != CallState.WAITING_PREFILL:
+                if call.state != _CALLSTATE_WAITING_PREFILL:
                     continue
                 planned.add(call.uid)
                 if (call.prefill_inst, call.decode_inst) != (p, d):
@@ -100,7 +110,7 @@ class PlanFlow:
                         self._place_fallback(call)
         else:
             for rank, (call, _, d, delta) in enumerate(plan):
-                if call.state == CallState.WAITING_DECODE:
+                if call.state == _CALLSTATE_WAITING_DECODE:
                     planned.add(call.uid)
                     call.proj_release = origin + delta
                     if d != call.decode_inst:
@@ -130,18 +140,18 @@ class PlanFlow:
         call.decode_inst = d
         call.moved = True  # one move per call: it cannot bounce between instances
         p = call.prefill_inst
-        call.state = CallState.TRANSFER
+        call.state = _CALLSTATE_TRANSFER
         call.transfer_end = self.now + (self.tables.setup_list[p][d]
                                         + call.l_in * self.tables.spt_list[p][d])
         if call.width > 1:
             for r in call_riders(call):
                 r.decode_inst = d
-                r.state = CallState.TRANSFER
+                r.state = _CALLSTATE_TRANSFER
                 r.transfer_end = call.transfer_end  # the group's KV arrives together
         self.moves += 1
         if spans is not None:  # timeline: its KV sent again, to d
             spans.append(("transfer", d, self.now, call.transfer_end, call.uid, call.l_in, p))
-        self.events.push(call.transfer_end, Phase.TRANSFER_DONE, call)
+        self.events.push(call.transfer_end, _PHASE_TRANSFER_DONE, call)
         self._mark_decode(src.index)
 
     def _place_fallback(self, call: Call) -> None:
