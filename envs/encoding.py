@@ -173,13 +173,12 @@ class Encoder:
         self._max_batch = tables.max_batch.astype(np.float64).tolist()
         self._padded = p_max != P or d_max != D
         self._pd_live = P * D
-        self._calls_empty = np.zeros((k, len(CALL_FEATURES)), dtype=f32)
         self._grid_blank = np.full((k, p_max, d_max), DELTA_MASKED, dtype=f32)
         self._mask_blank = np.zeros(self.num_actions, dtype=bool)
         self._cached_empty = np.zeros((k, p_max), dtype=f32)
         # per-decision-point caches, filled by begin()
         self._dp: DecisionPoint | None = None
-        self._calls = self._calls_empty.copy()
+        self._calls = np.zeros((k, len(CALL_FEATURES)), dtype=f32)
         self._prefill = self._prefill_static.copy()
         self._decode = self._decode_static.copy()
         self._globals = np.zeros(len(GLOBAL_FEATURES), dtype=f32)
@@ -251,7 +250,7 @@ class Encoder:
         inv = self.inv_ts
         delta = dp.delta  # (n, P, D) seconds from now, inf = invalid; the core's cached array
         n = delta.shape[0]
-        grid, mask = self._grid_blank.copy(), self._mask_blank.copy()  # cheaper than np.empty
+        grid, mask = self._grid_blank.copy(), self._mask_blank.copy()
         best = self._delta_grid(delta, grid, mask)
         calls = self._calls.copy()
         now = dp.now
@@ -276,17 +275,16 @@ class Encoder:
         return obs, mask
 
     def _delta_grid(self, delta: np.ndarray, grid: np.ndarray, mask: np.ndarray) -> list[float]:
-        """Fill ``grid`` (K, P_max, D_max) with the scaled, clipped valid entries of ``delta``
-        (n, P, D) and DELTA_MASKED elsewhere, ``mask`` with where they are; return each row's
-        smallest Δ (inf: no valid pair). The reference of ``kernels.observe_step``'s grid."""
+        """Write into the blank ``grid`` (K, P_max, D_max; every entry DELTA_MASKED) the
+        scaled, clipped valid entries of ``delta`` (n, P, D), and into the blank (all False)
+        ``mask`` where they are; return each row's smallest Δ (inf: no valid pair). The
+        reference of ``kernels.observe_step``'s grid."""
         P, D, pd = self.num_prefill, self.num_decode, self._pd_live
         n = delta.shape[0]
         flat = delta.reshape(n, pd)
         fin = np.isfinite(flat)
         scaled = flat * self.inv_ts
         np.minimum(scaled, CLIP, out=scaled)
-        grid[...] = DELTA_MASKED
-        mask[:] = False
         if self._padded:
             np.copyto(grid[:n, :P, :D], scaled.reshape(n, P, D), where=fin.reshape(n, P, D))
             mask.reshape(self.k, self.p_max, self.d_max)[:n, :P, :D] = fin.reshape(n, P, D)

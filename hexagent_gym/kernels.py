@@ -1,7 +1,8 @@
-"""Which implementation of the core's scalar placement rules runs: compiled or pure Python.
+"""Which implementation of the hot rules runs: compiled or pure Python.
 
-``hexagent_gym._kernels`` (C, built by ``pip install`` when a C compiler is present) holds
-compiled twins of the hottest scalar rules of the decision seam; each performs the same IEEE
+``hexagent_gym._kernels`` (C, built by ``pip install`` when a C compiler is present, against
+numpy's headers) holds compiled twins of the hottest scalar rules of the decision seam and of
+the env observation's assembly (``envs.encoding``); each performs the same IEEE
 double operations in the same order as its Python original, so every decision and every float
 is the same either way (the tests compare the two on every pick of real episodes). Without a
 compiler the package installs without it and runs the Python versions.
