@@ -1302,6 +1302,167 @@ fail:
     return NULL;
 }
 
+/* The prefix cache's block bookkeeping (prefix_cache.PrefixCache's lock, insert and unlock):
+ * lru is the cache's OrderedDict of block ids (written only through the generic mapping
+ * protocol, so its order list stays consistent), refs the plain dict of lock counts, holders the
+ * cluster's plain dict of holder bit masks (or None), touch lru.move_to_end. */
+static int is_dict(PyObject *o, const char *fn, const char *name) {
+    if (PyDict_CheckExact(o)) return 1;
+    PyErr_Format(PyExc_TypeError, "%s: %s must be a dict, got %s", fn, name, Py_TYPE(o)->tp_name);
+    return 0;
+}
+
+static int add_ref(PyObject *refs, PyObject *b) { /* refs[b] = refs.get(b, 0) + 1 */
+    PyObject *v = PyDict_GetItemWithError(refs, b);
+    long n = 0;
+    if (v != NULL) {
+        n = PyLong_AsLong(v);
+        if (n == -1 && PyErr_Occurred()) return -1;
+    } else if (PyErr_Occurred()) {
+        return -1;
+    }
+    PyObject *w = PyLong_FromLong(n + 1);
+    if (w == NULL) return -1;
+    int rc = PyDict_SetItem(refs, b, w);
+    Py_DECREF(w);
+    return rc;
+}
+
+static int touch_block(PyObject *touch, PyObject *b) { /* lru.move_to_end(b) */
+    PyObject *r = PyObject_CallOneArg(touch, b);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* cache_lock(lru, refs, touch, blocks, k) -> k: PrefixCache.lock (k < 0: match first; touch
+ * None: no touch). */
+static PyObject *cache_lock(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 5, "cache_lock")) return NULL;
+    PyObject *lru = args[0], *refs = args[1], *touch = args[2], *blocks = args[3];
+    if (!PyDict_Check(lru)) {
+        PyErr_Format(PyExc_TypeError, "cache_lock: lru must be a dict, got %s",
+                     Py_TYPE(lru)->tp_name);
+        return NULL;
+    }
+    if (!is_dict(refs, "cache_lock", "refs") || !is_seq(blocks, "blocks")) return NULL;
+    Py_ssize_t k = PyLong_AsSsize_t(args[4]), n = Py_SIZE(blocks);
+    if (k == -1 && PyErr_Occurred()) return NULL;
+    if (k > n) {
+        PyErr_Format(PyExc_ValueError, "cache_lock: k = %zd exceeds the %zd blocks", k, n);
+        return NULL;
+    }
+    if (k < 0) { /* PrefixCache.match: leading blocks present */
+        k = 0;
+        while (k < n) {
+            int in = PyDict_Contains(lru, at(blocks, k));
+            if (in < 0) return NULL;
+            if (!in) break;
+            k++;
+        }
+    }
+    for (Py_ssize_t i = k - 1; i >= 0; i--) { /* leaf first: parents end up more recent */
+        PyObject *b = at(blocks, i);
+        if (touch != Py_None && touch_block(touch, b) < 0) return NULL;
+        if (add_ref(refs, b) < 0) return NULL;
+    }
+    return PyLong_FromSsize_t(k);
+}
+
+/* cache_insert(lru, refs, holders, bit, blocks, start, capacity, touch) -> (end, added, full):
+ * PrefixCache.insert from blocks[start] on, up to the first block that needs an eviction
+ * (full: the caller evicts one block and calls again from end, or touches blocks[:end] itself
+ * when nothing can go); not full: every block inserted and blocks[:end] touched leaf first.
+ * capacity: blocks the cache may hold, None for unbounded; added: blocks newly inserted. */
+static PyObject *cache_insert(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 8, "cache_insert")) return NULL;
+    PyObject *lru = args[0], *refs = args[1], *holders = args[2], *bit = args[3];
+    PyObject *blocks = args[4], *touch = args[7];
+    if (!PyDict_Check(lru)) {
+        PyErr_Format(PyExc_TypeError, "cache_insert: lru must be a dict, got %s",
+                     Py_TYPE(lru)->tp_name);
+        return NULL;
+    }
+    if (!is_dict(refs, "cache_insert", "refs") || !is_seq(blocks, "blocks")) return NULL;
+    if (holders != Py_None && !is_dict(holders, "cache_insert", "holders")) return NULL;
+    Py_ssize_t end = PyLong_AsSsize_t(args[5]), n = Py_SIZE(blocks), cap = -1;
+    if (end == -1 && PyErr_Occurred()) return NULL;
+    if (args[6] != Py_None) {
+        cap = PyLong_AsSsize_t(args[6]);
+        if (cap == -1 && PyErr_Occurred()) return NULL;
+    }
+    if (end < 0 || end > n) {
+        PyErr_Format(PyExc_ValueError, "cache_insert: start = %zd is outside 0..%zd", end, n);
+        return NULL;
+    }
+    Py_ssize_t added = 0;
+    for (; end < n; end++) {
+        PyObject *b = at(blocks, end);
+        int in = PyDict_Contains(lru, b);
+        if (in < 0) return NULL;
+        if (!in) {
+            if (cap >= 0 && PyObject_Length(lru) >= cap)
+                return Py_BuildValue("(nnO)", end, added, Py_True);
+            if (PyObject_SetItem(lru, b, Py_None) < 0) return NULL;
+            added++;
+            if (holders != Py_None) { /* holders[b] = holders.get(b, 0) | bit */
+                PyObject *h = PyDict_GetItemWithError(holders, b), *zero = NULL;
+                if (h == NULL) {
+                    if (PyErr_Occurred()) return NULL;
+                    h = zero = PyLong_FromLong(0);
+                    if (zero == NULL) return NULL;
+                }
+                PyObject *w = PyNumber_Or(h, bit);
+                Py_XDECREF(zero);
+                if (w == NULL) return NULL;
+                int rc = PyDict_SetItem(holders, b, w);
+                Py_DECREF(w);
+                if (rc < 0) return NULL;
+            }
+        }
+        if (add_ref(refs, b) < 0) return NULL; /* locked at once: no eviction may take it */
+    }
+    for (Py_ssize_t i = end - 1; i >= 0; i--)
+        if (touch_block(touch, at(blocks, i)) < 0) return NULL;
+    return Py_BuildValue("(nnO)", end, added, Py_False);
+}
+
+/* cache_unlock(refs, blocks, k) -> None: PrefixCache.unlock (KeyError for a block not
+ * locked). */
+static PyObject *cache_unlock(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 3, "cache_unlock")) return NULL;
+    PyObject *refs = args[0], *blocks = args[1];
+    if (!is_dict(refs, "cache_unlock", "refs") || !is_seq(blocks, "blocks")) return NULL;
+    Py_ssize_t k = PyLong_AsSsize_t(args[2]);
+    if (k == -1 && PyErr_Occurred()) return NULL;
+    if (k < 0 || k > Py_SIZE(blocks)) {
+        PyErr_Format(PyExc_ValueError, "cache_unlock: k = %zd is outside 0..%zd", k,
+                     Py_SIZE(blocks));
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *b = at(blocks, i);
+        PyObject *v = PyDict_GetItemWithError(refs, b);
+        if (v == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, b);
+            return NULL;
+        }
+        long left = PyLong_AsLong(v);
+        if (left == -1 && PyErr_Occurred()) return NULL;
+        left -= 1;
+        if (left) {
+            PyObject *w = PyLong_FromLong(left);
+            if (w == NULL) return NULL;
+            int rc = PyDict_SetItem(refs, b, w);
+            Py_DECREF(w);
+            if (rc < 0) return NULL;
+        } else if (PyDict_DelItem(refs, b) < 0) {
+            return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 /* earliest_pair(now, free, pf_members, dec_static, batch_top, capacity, setup, spt, scan, tokens,
  *               count, ctx, slow_start, pf, cached, xcols, l_in, weight, own_ctx, kv_pred,
  *               kv_true) -> (p, d, delta)
@@ -1529,6 +1690,13 @@ static PyMethodDef methods[] = {
      "compiled (see the source)."},
     {"match_levels", (PyCFunction)(void (*)(void))match_levels, METH_FASTCALL,
      "match_levels(holders, blocks) -> [(k, mask)] or None: prefix_cache.match_levels."},
+    {"cache_lock", (PyCFunction)(void (*)(void))cache_lock, METH_FASTCALL,
+     "cache_lock(lru, refs, touch, blocks, k) -> k: PrefixCache.lock."},
+    {"cache_insert", (PyCFunction)(void (*)(void))cache_insert, METH_FASTCALL,
+     "cache_insert(lru, refs, holders, bit, blocks, start, capacity, touch) -> (end, added, "
+     "full): PrefixCache.insert up to the first block that needs an eviction."},
+    {"cache_unlock", (PyCFunction)(void (*)(void))cache_unlock, METH_FASTCALL,
+     "cache_unlock(refs, blocks, k) -> None: PrefixCache.unlock."},
     {"earliest_pair", (PyCFunction)(void (*)(void))earliest_pair, METH_FASTCALL,
      "earliest_pair(...) -> (p, d, delta): placement.earliest_pair_python (see the source)."},
     {"prefill_free_times", (PyCFunction)(void (*)(void))prefill_free_times, METH_FASTCALL,

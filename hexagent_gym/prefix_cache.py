@@ -44,7 +44,7 @@ class PrefixCache:
     """
 
     __slots__ = ("block_tokens", "capacity", "_lru", "_refs", "evictions", "inserted",
-                 "holders", "_bit")
+                 "holders", "_bit", "_touch")
 
     def __init__(self, capacity_tokens: int | None, block_tokens: int,
                  holders: dict[int, int] | None = None, bit: int = 0) -> None:
@@ -55,6 +55,7 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.capacity = None if capacity_tokens is None else capacity_tokens // block_tokens
         self._lru: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self._touch = self._lru.move_to_end  # the compiled kernels' way to touch a block
         self._refs: dict[int, int] = {}  # locked block -> lock count
         self.evictions = 0
         self.inserted = 0
@@ -84,6 +85,9 @@ class PrefixCache:
 
         A prefill that will :meth:`insert` may skip the touch: the insert touches the whole
         path, and locked blocks cannot be evicted meanwhile."""
+        kernel = kernels.cache_lock
+        if kernel is not None:
+            return kernel(self._lru, self._refs, self._touch if touch else None, blocks, k)
         if k < 0:
             k = self.match(blocks)
         lru, refs = self._lru, self._refs
@@ -98,6 +102,23 @@ class PrefixCache:
         """Insert ``blocks[start:]`` after a prefill of ``blocks`` whose first ``start`` blocks are
         locked by it; lock what is inserted. Returns the number of blocks now locked by the
         prefill (``start`` plus those inserted; they are ``blocks[:returned]``)."""
+        kernel = kernels.cache_insert
+        if kernel is None:
+            return self._insert_python(blocks, start)
+        end = start
+        while True:  # the kernel stops at each block that needs an eviction
+            end, added, full = kernel(self._lru, self._refs, self.holders, self._bit, blocks,
+                                      end, self.capacity, self._touch)
+            self.inserted += added
+            if not full:
+                return end
+            if not self._evict_one():  # everything left is locked: the suffix is not cached
+                for i in range(end - 1, -1, -1):
+                    self._touch(blocks[i])
+                return end
+
+    def _insert_python(self, blocks: Sequence[int], start: int) -> int:
+        """:meth:`insert` in pure Python: the reference of ``kernels.cache_insert``."""
         lru, refs = self._lru, self._refs
         end = start
         n = len(blocks)
@@ -119,6 +140,10 @@ class PrefixCache:
 
     def unlock(self, blocks: Sequence[int], k: int) -> None:
         """Release the locks a prefill holds on ``blocks[:k]``."""
+        kernel = kernels.cache_unlock
+        if kernel is not None:
+            kernel(self._refs, blocks, k)
+            return
         refs = self._refs
         for i in range(k):
             b = blocks[i]

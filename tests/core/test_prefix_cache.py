@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hexagent_gym import kernels
 from hexagent_gym.arrivals import sample_episode
 from hexagent_gym.cluster import load_cluster
 from hexagent_gym.decisions import earliest_finish_pick
@@ -105,6 +106,77 @@ def test_the_shared_index_gives_every_caches_match(ops, capacity):
                         got[i] = k
             assert got == [c.match(blocks) for c in caches]
     assert set(holders) == {b for c in caches for b in c.blocks()}
+
+
+def _cache_state(caches, holders):
+    return ([(c.blocks(), dict(c._refs), c.inserted, c.evictions) for c in caches],
+            dict(holders))
+
+
+@pytest.mark.skipif(not kernels.AVAILABLE, reason="the compiled kernels are not built")
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 4), min_size=1, max_size=6),
+                          st.booleans(), st.booleans()), min_size=1, max_size=50),
+       st.integers(0, 5))
+def test_compiled_lock_insert_unlock_equal_python(ops, capacity):
+    # the same operations on caches run by the compiled kernels and by the Python bodies leave
+    # the same LRU order, lock counts, counters and shared index, and return the same counts
+    runs = []
+    try:
+        for on in (True, False):
+            kernels.use_compiled(on)
+            holders: dict[int, int] = {}
+            caches = [PrefixCache(capacity * 16, 16, holders, i) for i in range(3)]
+            out, live = [], []
+            for which, raw, touch, release in ops:
+                blocks = tuple(hash(tuple(raw[:i + 1])) for i in range(len(raw)))
+                cache = caches[which]
+                k = cache.lock(blocks, -1, touch=touch)
+                held = cache.insert(blocks, k)
+                out.append((k, held))
+                live.append((cache, blocks, held))
+                if release:
+                    for c, b, h in live:
+                        c.unlock(b, h)
+                    live.clear()
+                out.append(_cache_state(caches, holders))
+            runs.append(out)
+    finally:
+        kernels.use_compiled(True)
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.skipif(not kernels.AVAILABLE, reason="the compiled kernels are not built")
+def test_cache_kernels_by_hand_and_clear_errors():
+    from collections import OrderedDict
+
+    c = kernels._compiled
+    lru, refs, holders = OrderedDict.fromkeys([1, 2, 3]), {}, {1: 1, 2: 1, 3: 1}
+    # match [1, 2] (4 is absent), lock them leaf first with a touch: 3 becomes the oldest
+    assert c.cache_lock(lru, refs, lru.move_to_end, [1, 2, 4], -1) == 2
+    assert list(lru) == [3, 2, 1] and refs == {1: 1, 2: 1}
+    # insert from block 2 (4 and 5 are new) into a cache of 4 blocks: 5 needs an eviction
+    assert c.cache_insert(lru, refs, holders, 2, [1, 2, 4, 5], 2, 4, lru.move_to_end) == (
+        3, 1, True)
+    assert holders[4] == 2 and refs == {1: 1, 2: 1, 4: 1}
+    del lru[3]  # the caller's eviction
+    assert c.cache_insert(lru, refs, holders, 2, [1, 2, 4, 5], 3, 4, lru.move_to_end) == (
+        4, 1, False)
+    assert list(lru) == [5, 4, 2, 1] and refs == {1: 1, 2: 1, 4: 1, 5: 1}
+    c.cache_unlock(refs, [1, 2, 4, 5], 2)
+    assert refs == {4: 1, 5: 1}
+    with pytest.raises(KeyError):
+        c.cache_unlock(refs, [1], 1)
+    with pytest.raises(TypeError, match="cache_lock takes 5 arguments, got 1"):
+        c.cache_lock(lru)
+    with pytest.raises(TypeError, match="cache_insert: refs must be a dict, got list"):
+        c.cache_insert(lru, [], None, 1, [1], 0, None, lru.move_to_end)
+    with pytest.raises(ValueError, match="cache_insert: start = 3 is outside 0..1"):
+        c.cache_insert(lru, refs, None, 1, [1], 3, None, lru.move_to_end)
+    with pytest.raises(ValueError, match="cache_unlock: k = 2 is outside 0..1"):
+        c.cache_unlock(refs, [1], 2)
+    with pytest.raises(TypeError, match="blocks must be a list or tuple, got set"):
+        c.cache_lock(lru, refs, None, {1}, 1)
 
 
 # -- hits in the simulator ---------------------------------------------------------------------
