@@ -434,7 +434,8 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         if not 0 <= a < enc.num_actions:
             raise ValueError(f"action {a} is out of range [0, {enc.num_actions}) "
                              f"(K={self.k}, P_max={self.p_max}, D_max={self.d_max})")
-        slot, p, d = enc.decode_action(a)
+        slot, rest = divmod(a, enc.pd_max)  # enc.decode_action(a), inlined: every step
+        p, d = divmod(rest, enc.d_max)
         n = len(dp.calls)
         problem = None
         if slot >= n:

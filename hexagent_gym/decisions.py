@@ -35,6 +35,12 @@ class Stage(IntEnum):
     # its instance has not served yet, possibly another decode instance)
 
 
+# Enum members as module constants: CPython 3.11 reads `Stage.X` through EnumType's slow
+# attribute hook (about 80 ns each), and a pick reads several.
+_STAGE_PREFILL = Stage.PREFILL
+_STAGE_DECODE = Stage.DECODE
+
+
 class DecisionPoint:
     """One scheduling invocation: pick every call of the window once, in priority order.
 
@@ -131,18 +137,18 @@ class DecisionPoint:
         locked (p, d) is finite. Recomputed lazily after every pick.
         """
         if self._delta is None:
-            if self.stage == Stage.DECODE and self._scalar_window():
+            if self.stage == _STAGE_DECODE and self._scalar_window():
                 delta = self._scalar_decode_delta()
-            elif self.stage == Stage.PREFILL and kernels.prefill_grid is not None:
+            elif self.stage == _STAGE_PREFILL and kernels.prefill_grid is not None:
                 delta = self.state.tables.inf_grid(len(self.calls))
                 self.state.prefill_grid(self._kernel_inputs(), self.remaining, delta)
-            elif self.stage == Stage.PREFILL and self._remaining == 1:  # one row, no CallBatch
+            elif self.stage == _STAGE_PREFILL and self._remaining == 1:  # one row, no CallBatch
                 slot = self.picked.index(False)
                 call = self.calls[slot]
                 delta = self.state.tables.inf_grid(len(self.calls))
                 delta[slot] = self.state.prefill_delta_one(call, self._pf(call))
             else:
-                if self.stage == Stage.PREFILL:
+                if self.stage == _STAGE_PREFILL:
                     delta = self.state.project_prefill(self.batch)
                 else:
                     delta = self.state.project_decode(self.batch)
@@ -187,7 +193,7 @@ class DecisionPoint:
         window in Python); kept until the next pick."""
         if self._min is not None or self._delta is not None or not self._scalar_window():
             return self.min_delta.tolist()
-        if self.stage == Stage.PREFILL and kernels.best_prefill_pairs is not None:
+        if self.stage == _STAGE_PREFILL and kernels.best_prefill_pairs is not None:
             self._compiled_pairs()  # every unpicked slot's pair in one compiled call
         inf = np.inf
         return [self._scalar_pair(i)[2] if not picked else inf
@@ -212,9 +218,9 @@ class DecisionPoint:
             reduced, batch, i = self._reduced_delta(), self.batch, slot
         else:  # a long window picked one slot at a time: project only this row
             batch, i = self.batch.row(slot), 0
-            reduced = (self.state.project_prefill_classes(batch) if self.stage == Stage.PREFILL
+            reduced = (self.state.project_prefill_classes(batch) if self.stage == _STAGE_PREFILL
                        else self.state.project_decode_rows(batch))
-        if self.stage == Stage.DECODE:
+        if self.stage == _STAGE_DECODE:
             row = reduced[i]
             d = int(np.argmin(row))
             best = float(row[d])
@@ -230,7 +236,7 @@ class DecisionPoint:
         operation dominates there; measured on hetero-1); at the prefill stage with the
         compiled one-call rule (:mod:`hexagent_gym.kernels`), up to ``_SCALAR_CALLS_COMPILED``
         calls on any cluster."""
-        if self.stage == Stage.PREFILL and kernels.best_prefill_pairs is not None:
+        if self.stage == _STAGE_PREFILL and kernels.best_prefill_pairs is not None:
             return self._remaining <= _SCALAR_CALLS_COMPILED
         return self._remaining * self.num_decode <= _SCALAR_WORK
 
@@ -239,7 +245,7 @@ class DecisionPoint:
         pair = self._pairs.get(slot)
         if pair is None:
             call = self.calls[slot]
-            if self.stage == Stage.PREFILL:
+            if self.stage == _STAGE_PREFILL:
                 if kernels.best_prefill_pairs is not None:
                     (pair,) = self.state.best_prefill_pairs(self._kernel_inputs(), [slot])
                 else:
@@ -256,7 +262,7 @@ class DecisionPoint:
         where a decode limit binds, a slot has no valid pair, or a risk is undefined; possibly
         at once). Prefill stage with the kernels built only, else ``[]``. Nothing is picked:
         the caller still calls :meth:`pick`, which then finds each Δ without projecting."""
-        if self.stage != Stage.PREFILL or kernels.risk_plan is None or not self._remaining:
+        if self.stage != _STAGE_PREFILL or kernels.risk_plan is None or not self._remaining:
             return []
         state, calls = self.state, self.calls
         t = state.tables
@@ -303,7 +309,7 @@ class DecisionPoint:
 
     def _reduced_delta(self) -> np.ndarray:
         if self._reduced is None:
-            if self.stage == Stage.PREFILL:
+            if self.stage == _STAGE_PREFILL:
                 self._reduced = self.state.project_prefill_classes(self.batch)
             else:
                 self._reduced = self.state.project_decode_rows(self.batch)
@@ -313,7 +319,7 @@ class DecisionPoint:
         """Δ (P, D) of one slot, without computing the whole tensor (for one-pass orderings)."""
         if self._delta is not None:
             return self._delta[slot]
-        if self.stage == Stage.PREFILL:
+        if self.stage == _STAGE_PREFILL:
             call = self.calls[slot]
             return self.state.prefill_delta_one(call, self._pf(call))
         return self.state.project_decode(self.batch.row(slot))[0]
@@ -329,7 +335,7 @@ class DecisionPoint:
         if last is not None and last[:3] == (slot, p, d):
             return last[3]
         call = self.calls[slot]
-        if self.stage == Stage.PREFILL:  # scalar: the same float as the numpy projection
+        if self.stage == _STAGE_PREFILL:  # scalar: the same float as the numpy projection
             return self.state.prefill_delta_at_one(call, self._pf(call), p, d)
         if p != call.prefill_inst:
             return np.inf
@@ -348,49 +354,59 @@ class DecisionPoint:
             ValueError: the slot is out of range or already picked, or (p, d) is not a valid
                 placement for it (out of range, cannot hold its KV, or not its locked pair).
         """
-        n = len(self.calls)
+        calls = self.calls
+        n = len(calls)
         if not 0 <= slot < n:
             raise ValueError(f"call slot {slot} is out of range: this decision has {n} calls "
                              f"(slots 0..{n - 1})")
-        if self.picked[slot]:
+        picked = self.picked
+        if picked[slot]:
             raise ValueError(f"call slot {slot} was already picked at this decision; "
                              f"unpicked slots: {self.remaining}")
-        P, D = self.num_prefill, self.num_decode
+        state = self.state
+        tables = state.tables
+        P, D = tables.num_prefill, tables.num_decode
         if not (0 <= p < P and 0 <= d < D):
             raise ValueError(f"placement (p={p}, d={d}) is out of range: the cluster has {P} "
                              f"prefill and {D} decode instances")
-        call = self.calls[slot]
-        if self.stage == Stage.DECODE and (p, d) != (call.prefill_inst, call.decode_inst):
-            if not self.state.free_decode or self.batch.locked[slot]:
+        call = calls[slot]
+        prefill = self.stage == _STAGE_PREFILL
+        if not prefill and (p, d) != (call.prefill_inst, call.decode_inst):
+            if not state.free_decode or self.batch.locked[slot]:
                 raise ValueError(f"call slot {slot} is locked to (p={call.prefill_inst}, "
                                  f"d={call.decode_inst}) at the decode stage, got (p={p}, d={d})")
             if p != call.prefill_inst:
                 raise ValueError(f"call slot {slot} may move to another decode instance but its "
                                  f"KV comes from prefill instance {call.prefill_inst}, got p={p}")
-        value = self._delta_at(slot, p, d)
-        finite = math.isfinite(value)  # a float: math's test, not numpy's scalar machinery
-        if not finite and self.stage == Stage.DECODE and d != call.decode_inst:
-            raise ValueError(f"call slot {slot} cannot move to decode instance {d} now: a free "
-                             f"call moves only when its instance {call.decode_inst} cannot admit "
-                             f"it, to an instance that can hold it; feasible(slot) shows where")
-        if not finite:
-            cap = self.state.tables.capacity[d]
+        delta = self._delta
+        value = delta.item(slot, p, d) if delta is not None else self._delta_at(slot, p, d)
+        if not math.isfinite(value):  # a float: math's test, not numpy's scalar machinery
+            if not prefill and d != call.decode_inst:
+                raise ValueError(f"call slot {slot} cannot move to decode instance {d} now: a "
+                                 f"free call moves only when its instance {call.decode_inst} "
+                                 f"cannot admit it, to an instance that can hold it; "
+                                 f"feasible(slot) shows where")
+            cap = tables.capacity[d]
             raise ValueError(f"call slot {slot} needs {call.kv_true} KV tokens but decode "
                              f"instance {d} holds at most {int(cap)}; choose a d where "
                              f"feasible(slot) is True")
-        prefill = self.stage == Stage.PREFILL
-        self.state.commit(call, p, d, value, prefill, self._pf(call)[p] if prefill else None)
+        if prefill:
+            pf = (call.pf_est if self._cache_aware else call.pf_cold)[p]  # self._pf(call)[p]
+            state.commit(call, p, d, value, True, pf)
+        else:
+            state.commit(call, p, d, value, False, None)
         if self._ahead:  # a pick off the computed plan makes the rest of it stale
             planned = self.planned_pick()
             if planned is None or planned[:3] != (slot, p, d):
                 self._ahead = []
         self.plan.append((call, p, d, value))
-        self.picked[slot] = True
+        picked[slot] = True
         self._remaining -= 1
         # Recomputed lazily from Ŝ. Updating only the slices Δ[:, p, :] and Δ[:, :, d] in place
         # was measured slower than the full vectorised recompute up to 32 calls on 8 + 8.
         self._delta = self._reduced = self._min = self._last = None
-        self._pairs = {}
+        if self._pairs:
+            self._pairs = {}
 
 
 def earliest_finish_pick(dp: DecisionPoint) -> tuple[int, int, int]:
@@ -399,7 +415,7 @@ def earliest_finish_pick(dp: DecisionPoint) -> tuple[int, int, int]:
     index). It places exactly as the simulator's fallback does without decision points."""
     slot = dp.picked.index(False)
     call = dp.calls[slot]
-    if dp.stage == Stage.DECODE:
+    if dp.stage == _STAGE_DECODE:
         return slot, call.prefill_inst, call.decode_inst
     p, d, _ = dp.state.earliest_pair(call)
     return slot, p, d

@@ -207,30 +207,40 @@ class PlanState(Projections):
         """Reserve the picked placement in Ŝ so later projections see it (``pf``: the prefill
         seconds the projection used on p; default the call's cache-aware ``pf_est[p]``)."""
         self._start_memo = None
-        arrays = self._arrays
+        arrays = self._arrays  # numpy twins of the lists, only those a projection asked for
         if prefill_stage:
-            self.free_l[p] += call.pf_est[p] if pf is None else pf
-            self.pf_tokens_l[p] += call.l_in
-            if "free" in arrays:
-                arrays["free"][p] = self.free_l[p]
-            if "pf_tokens" in arrays:
-                arrays["pf_tokens"][p] = self.pf_tokens_l[p]
-        if self._scan is not None and not self.dec_count_l[d] and self.dec_tokens_l[d] <= 0.0:
+            free_l, pf_tokens_l = self.free_l, self.pf_tokens_l
+            free_l[p] += call.pf_est[p] if pf is None else pf
+            pf_tokens_l[p] += call.l_in
+            if arrays:
+                if "free" in arrays:
+                    arrays["free"][p] = free_l[p]
+                if "pf_tokens" in arrays:
+                    arrays["pf_tokens"][p] = pf_tokens_l[p]
+        tokens, count, ctx = self.dec_tokens_l, self.dec_count_l, self.dec_ctx_l
+        if self._scan is not None and not count[d] and tokens[d] <= 0.0:
             self._scan = None  # d was idle: it leaves its twins
-        self.dec_tokens_l[d] += call.kv_pred
-        self.dec_count_l[d] += 1
-        self.dec_ctx_l[d] += call.ctx_share
+        kv = call.kv_pred
+        tokens[d] += kv
+        count[d] += 1
+        ctx[d] += call.ctx_share
         limits = self._limits
         if limits is not None:
             t = self.tables
-            slack = t.dec_capacity[d] - self.dec_tokens_l[d]
+            slack = t.dec_capacity[d] - tokens[d]
             self._limits = (slack if slack < limits[0] else limits[0],
-                            limits[1] or self.dec_count_l[d] >= t.max_batch_list[d])
-        for name in ("dec_tokens", "dec_count", "dec_ctx"):
-            if name in arrays:
-                arrays[name][d] = getattr(self, name + "_l")[d]
-        item = (self.now + delta, float(call.kv_pred))
-        self._picked.setdefault(d, []).append(item)
+                            limits[1] or count[d] >= t.max_batch_list[d])
+        if arrays:
+            for name, values in (("dec_tokens", tokens), ("dec_count", count),
+                                 ("dec_ctx", ctx)):
+                if name in arrays:
+                    arrays[name][d] = values[d]
+        item = (self.now + delta, float(kv))
+        picked = self._picked.get(d)
+        if picked is None:
+            self._picked[d] = [item]
+        else:
+            picked.append(item)
         rel = self._releases.get(d)
         if rel is not None:
             bisect.insort(rel, item)
@@ -238,9 +248,9 @@ class PlanState(Projections):
         tau = self._tau_cache
         if tau is not None:
             t = self.tables
-            b = min(self.dec_count_l[d] + 1, t.batch_top)
+            b = min(count[d] + 1, t.batch_top)
             slope = t.dec_slope_list[d][b]
-            tau[0][d] = t.dec_base_list[d][b] + slope * self.dec_ctx_l[d]
+            tau[0][d] = t.dec_base_list[d][b] + slope * ctx[d]
             tau[1][d] = slope
 
     def _release_list(self, d: int) -> list[tuple[float, float]]:

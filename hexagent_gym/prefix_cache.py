@@ -44,7 +44,7 @@ class PrefixCache:
     """
 
     __slots__ = ("block_tokens", "capacity", "_lru", "_refs", "evictions", "inserted",
-                 "holders", "_bit", "_touch")
+                 "holders", "_bit")
 
     def __init__(self, capacity_tokens: int | None, block_tokens: int,
                  holders: dict[int, int] | None = None, bit: int = 0) -> None:
@@ -55,7 +55,6 @@ class PrefixCache:
         self.block_tokens = block_tokens
         self.capacity = None if capacity_tokens is None else capacity_tokens // block_tokens
         self._lru: OrderedDict[int, None] = OrderedDict()  # oldest first
-        self._touch = self._lru.move_to_end  # the compiled kernels' way to touch a block
         self._refs: dict[int, int] = {}  # locked block -> lock count
         self.evictions = 0
         self.inserted = 0
@@ -87,7 +86,9 @@ class PrefixCache:
         path, and locked blocks cannot be evicted meanwhile."""
         kernel = kernels.cache_lock
         if kernel is not None:
-            return kernel(self._lru, self._refs, self._touch if touch else None, blocks, k)
+            lru = self._lru  # its bound move_to_end is the kernel's touch (asked for each call:
+            # a simulator fork deep-copies the cache, and a kept bound method would not follow)
+            return kernel(lru, self._refs, lru.move_to_end if touch else None, blocks, k)
         if k < 0:
             k = self.match(blocks)
         lru, refs = self._lru, self._refs
@@ -105,16 +106,18 @@ class PrefixCache:
         kernel = kernels.cache_insert
         if kernel is None:
             return self._insert_python(blocks, start)
+        lru = self._lru
+        touch = lru.move_to_end
         end = start
         while True:  # the kernel stops at each block that needs an eviction
-            end, added, full = kernel(self._lru, self._refs, self.holders, self._bit, blocks,
-                                      end, self.capacity, self._touch)
+            end, added, full = kernel(lru, self._refs, self.holders, self._bit, blocks, end,
+                                      self.capacity, touch)
             self.inserted += added
             if not full:
                 return end
             if not self._evict_one():  # everything left is locked: the suffix is not cached
                 for i in range(end - 1, -1, -1):
-                    self._touch(blocks[i])
+                    touch(blocks[i])
                 return end
 
     def _insert_python(self, blocks: Sequence[int], start: int) -> int:

@@ -16,6 +16,9 @@ CASES = {
                         load=1.0),
     "async-plans": dict(cluster="hetero-1", trace="bfcl_v3", num_workflows=30, load=1.0,
                         planning_latency=0.01),
+    # prefix caches that evict: a fork's cache operations must reach its own LRU order only
+    "small-caches": dict(cluster="hetero-1", trace="bfcl_v3", num_workflows=30, load=1.0,
+                         prefix_cache_tokens=4096),
 }
 
 
