@@ -308,10 +308,12 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
                                "has ended or never started)")
         self._pick(action, dp)
         self._steps += 1
-        sim = self._sim
         reward = 0.0
         terminated = False
-        if dp.done:
+        if not dp.done:  # more picks at this decision point: only the observation changes
+            obs, self._mask = self.encoder.observe()
+        else:
+            sim = self._sim
             nxt = sim.run_until_decision()
             finished = sim.finished
             if len(finished) > self._n_finished:
@@ -324,13 +326,13 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
                 terminated = True
                 self._dp = None
                 reward += self.reward_fn.terminal(sim.result().ratios)
-                obs = self._emit(*self.encoder.empty())
+                obs, self._mask = self.encoder.empty()
             else:
                 self._dp = nxt
                 self._info = step_info(sim, self.encoder.begin(sim, nxt, self._num_workflows))
-                obs = self._emit(*self.encoder.observe())
-        else:
-            obs = self._emit(*self.encoder.observe())
+                obs, self._mask = self.encoder.observe()
+        if self._mask_in_obs:
+            obs["action_mask"] = self._mask.astype(np.int8)
         reward = float(reward)
         self._return += reward
         truncated = (not terminated and self._step_cap is not None

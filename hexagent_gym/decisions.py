@@ -295,12 +295,19 @@ class DecisionPoint:
     def _kernel_inputs(self) -> tuple[list, ...]:
         """The window's per-call inputs of :meth:`PlanState.best_prefill_pairs`, built once."""
         if self._kin is None:
-            state, calls = self.state, self.calls
-            xcols = state.tables.transfer_cols
-            fixed = [state.call_constants(c) for c in calls]
-            self._kin = ([self._pf(c) for c in calls], [xcols(c.l_in) for c in calls],
-                         [f[0] for f in fixed], [f[1] for f in fixed], [f[2] for f in fixed],
-                         [c.kv_true for c in calls])
+            state = self.state
+            xcols, constants = state.tables.transfer_cols, state.call_constants
+            cache_aware = self._cache_aware
+            pfs, xs, weights, own_ctxs, kvs, kv_trues = kin = ([], [], [], [], [], [])
+            for c in self.calls:  # one loop, not six comprehensions (each a frame in 3.11)
+                pfs.append(c.pf_est if cache_aware else c.pf_cold)  # self._pf(c)
+                xs.append(xcols(c.l_in))
+                weight, own_ctx, kv = constants(c)
+                weights.append(weight)
+                own_ctxs.append(own_ctx)
+                kvs.append(kv)
+                kv_trues.append(c.kv_true)
+            self._kin = kin
         return self._kin
 
     def _pf(self, call: Call) -> list[float]:

@@ -5,7 +5,7 @@ updated pick by pick (:class:`PlanState`), and its construction from the live cl
 from __future__ import annotations
 
 import bisect
-from operator import ge, sub
+from operator import attrgetter, ge, sub
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -294,11 +294,14 @@ def decode_limits_python(capacity: list[float], tokens: list[float], count: list
     return min(map(sub, capacity, tokens)), any(map(ge, count, max_batch))
 
 
+_uid = attrgetter("uid")
+
+
 def snapshot(tables: ClusterTables, now: float, loads: SchedulerLoads,
              decode: list[DecodeInstance], planned: list[Call], prefill_stage: bool) -> PlanState:
     """Build Ŝ at ``now`` for planning ``planned`` (those calls hold no reservation in Ŝ) from
     the cluster's scheduler-visible ``loads`` (copied: Ŝ's commits never reach them)."""
-    exclude = {c.uid for c in planned}
+    exclude = set(map(_uid, planned))
     work = loads.pf_queued[:]
     pf_tokens = loads.pf_tokens[:]
     tokens = loads.dec_pred[:]
