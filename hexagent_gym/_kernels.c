@@ -1302,6 +1302,49 @@ fail:
     return NULL;
 }
 
+/* standalone_estimate(pf_est, l_in, l_out, dec_err, dec_base, dec_slope, pair_p, setup, spt)
+ * -> float: ClusterTables.standalone_estimate_python (a call's duration alone on the empty
+ * cluster at its best class pair): dec_base and dec_slope per decode class (J), pair_p the
+ * representative prefill instance of each prefill class (K), setup and spt the K·J transfer
+ * terms row by row (class k's row for decode class j at k·J + j). */
+static PyObject *standalone_estimate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 9, "standalone_estimate")) return NULL;
+    PyObject *pf = args[0], *base = args[4], *slope = args[5], *pair_p = args[6];
+    PyObject *setup = args[7], *spt = args[8];
+    if (!is_seq(pf, "pf_est") || !is_seq(base, "dec_base") || !is_seq(slope, "dec_slope") ||
+        !is_seq(pair_p, "pair_p") || !is_seq(setup, "setup") || !is_seq(spt, "spt"))
+        return NULL;
+    double l_in = num(args[1]), l_out = num(args[2]), err = num(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    Py_ssize_t J = Py_SIZE(base), K = Py_SIZE(pair_p), P = Py_SIZE(pf);
+    if (J > 64 || Py_SIZE(slope) != J || Py_SIZE(setup) != K * J || Py_SIZE(spt) != K * J) {
+        PyErr_SetString(PyExc_ValueError, "standalone_estimate: dec_base and dec_slope need one "
+                        "entry per decode class (at most 64), setup and spt K·J");
+        return NULL;
+    }
+    double ctx = l_in + 0.5 * (l_out - 1.0); /* mean_own_context */
+    double dec[64];
+    for (Py_ssize_t j = 0; j < J; j++)
+        dec[j] = l_out * (dat(base, j) + dat(slope, j) * ctx) * err;
+    double best = INFINITY;
+    for (Py_ssize_t k = 0; k < K; k++) {
+        Py_ssize_t p = iat(pair_p, k);
+        if (PyErr_Occurred()) return NULL;
+        if (p < 0 || p >= P) {
+            PyErr_Format(PyExc_IndexError, "standalone_estimate: pair_p[%zd] = %zd is outside "
+                         "pf_est (%zd instances)", k, p, P);
+            return NULL;
+        }
+        double f = dat(pf, p);
+        for (Py_ssize_t j = 0; j < J; j++) {
+            double v = f + dat(setup, k * J + j) + l_in * dat(spt, k * J + j) + dec[j];
+            if (v < best) best = v;
+        }
+    }
+    if (PyErr_Occurred()) return NULL;
+    return PyFloat_FromDouble(best);
+}
+
 /* The prefix cache's block bookkeeping (prefix_cache.PrefixCache's lock, insert and unlock):
  * lru is the cache's OrderedDict of block ids (written only through the generic mapping
  * protocol, so its order list stays consistent), refs the plain dict of lock counts, holders the
@@ -1690,6 +1733,9 @@ static PyMethodDef methods[] = {
      "compiled (see the source)."},
     {"match_levels", (PyCFunction)(void (*)(void))match_levels, METH_FASTCALL,
      "match_levels(holders, blocks) -> [(k, mask)] or None: prefix_cache.match_levels."},
+    {"standalone_estimate", (PyCFunction)(void (*)(void))standalone_estimate, METH_FASTCALL,
+     "standalone_estimate(pf_est, l_in, l_out, dec_err, dec_base, dec_slope, pair_p, setup, "
+     "spt) -> float: ClusterTables.standalone_estimate."},
     {"cache_lock", (PyCFunction)(void (*)(void))cache_lock, METH_FASTCALL,
      "cache_lock(lru, refs, touch, blocks, k) -> k: PrefixCache.lock."},
     {"cache_insert", (PyCFunction)(void (*)(void))cache_insert, METH_FASTCALL,

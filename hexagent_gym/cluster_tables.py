@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from hexagent_gym import kernels
+
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -51,6 +53,12 @@ class ClusterTables:
         self._pf_cache: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {}
         self._pf_hit_cache: dict[tuple[int, int], tuple[float, ...]] = {}
         self.pf_class_list = self.pf_class.tolist()
+        # per-class values -> the tuple per prefill instance, in C (an O(P) comprehension per
+        # revealed call was a sixth of a call's bytecodes at 64 prefill instances)
+        # (picklable; one instance: a one-item slice, still a tuple)
+        cls = self.pf_class_list
+        self.per_instance = (operator.itemgetter(*cls) if len(cls) > 1
+                             else operator.itemgetter(slice(cls[0], cls[0] + 1)))
         self._pool_cache: dict[tuple[int, int], float] = {}
         self._alone_cache: dict[tuple[int, int, float], float] = {}
         # prefill instances of one class share speed and network rows: the placement rule only
@@ -100,6 +108,14 @@ class ClusterTables:
         self._alone_dec = [(float(base[k, 1]), float(slope[k, 1])) for k in range(len(dec_rep))]
         self._alone_pairs = [(p, self.setup[p, dec_rep].tolist(),
                               self.s_per_token[p, dec_rep].tolist()) for p in self.pf_rep]
+        # the same terms flat, as the compiled standalone_estimate reads them
+        self._alone_terms = (tuple(b for b, _ in self._alone_dec),
+                             tuple(s for _, s in self._alone_dec), tuple(self.pf_rep),
+                             tuple(x for _, row, _ in self._alone_pairs for x in row),
+                             tuple(x for _, _, row in self._alone_pairs for x in row))
+        # a prompt's transfer seconds per (decode instance, prefill class): setup + L · s/token
+        self._xcol_setup = self.setup_cls.T.copy()  # (D, K)
+        self._xcol_spt = self.spt_cls.T.copy()
 
     def prefill_times(self, input_tokens: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """True prefill seconds of a prompt per prefill instance and per prefill class, cached.
@@ -111,7 +127,7 @@ class ClusterTables:
         hit = self._pf_cache.get(input_tokens)
         if hit is None:
             per_class = tuple(lm.prefill_time(input_tokens) for lm in self.pf_models)
-            hit = (tuple([per_class[k] for k in self.pf_class_list]), per_class)
+            hit = (self.per_instance(per_class), per_class)
             self._pf_cache[input_tokens] = hit
         return hit
 
@@ -121,7 +137,7 @@ class ClusterTables:
         if not own:
             return self.prefill_times(input_tokens)[0]
         per_class = self.prefill_times_hit(input_tokens, own)
-        return tuple([per_class[k] for k in self.pf_class_list])
+        return self.per_instance(per_class)
 
     def alone_estimate(self, alone: Sequence[float], input_tokens: int, own: int,
                        output_tokens: float) -> float:
@@ -186,8 +202,10 @@ class ClusterTables:
         if hit is None:
             if len(cache) >= self._xcol_cache_size:
                 cache.clear()
-            hit = tuple([tuple([self.setup_list[p][d] + input_tokens * self.spt_list[p][d]
-                                for p in self.pf_rep]) for d in range(self.num_decode)])
+            # numpy's elementwise multiply then add: the same two IEEE operations per entry
+            # as the scalar setup[p][d] + L * spt[p][d]
+            hit = tuple(map(tuple, (self._xcol_setup
+                                    + input_tokens * self._xcol_spt).tolist()))
             cache[input_tokens] = hit
         return hit
 
@@ -198,11 +216,20 @@ class ClusterTables:
         slope = self.dec_slope[self._d_range, b]
         return self.dec_base[self._d_range, b] + slope * ctx, slope
 
-    def standalone_estimate(self, pf_est: list[float], l_in: int, l_out: float,
+    def standalone_estimate(self, pf_est: Sequence[float], l_in: int, l_out: float,
                             dec_err: float) -> float:
         """A call's duration alone on the empty cluster at its best pair (scheduler-visible).
 
-        Instances of one class share every term, so the minimum runs over class pairs."""
+        Instances of one class share every term, so the minimum runs over class pairs. Runs the
+        compiled twin when it is built (:meth:`standalone_estimate_python` is the reference)."""
+        kernel = kernels.standalone_estimate
+        if kernel is not None:
+            return kernel(pf_est, l_in, l_out, dec_err, *self._alone_terms)
+        return self.standalone_estimate_python(pf_est, l_in, l_out, dec_err)
+
+    def standalone_estimate_python(self, pf_est: Sequence[float], l_in: int, l_out: float,
+                                   dec_err: float) -> float:
+        """:meth:`standalone_estimate` in pure Python."""
         ctx = mean_own_context(l_in, l_out)
         dec = [l_out * (b + s * ctx) * dec_err for b, s in self._alone_dec]
         best = INF

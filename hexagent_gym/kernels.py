@@ -49,6 +49,9 @@ match_levels = None
 """The compiled ``prefix_cache.match_levels_python`` (masks up to 64 bits; None from the
 kernel means wider masks, and the Python version runs), or None."""
 
+standalone_estimate = None
+"""The compiled ``ClusterTables.standalone_estimate_python``, or None."""
+
 cache_lock = None
 """The compiled ``prefix_cache.PrefixCache.lock`` (its Python body is the reference), or None."""
 
@@ -76,7 +79,7 @@ def use_compiled(on: bool) -> None:
     """Run the compiled kernels (``on``, if built) or the pure-Python rules from now on."""
     global best_prefill_pairs, prefill_grid, decode_scan, prefill_free_times, decode_limits
     global observe_step, risk_plan, match_levels, earliest_pair, begin_rows
-    global cache_lock, cache_insert, cache_unlock
+    global cache_lock, cache_insert, cache_unlock, standalone_estimate
     on = bool(on and AVAILABLE)
     best_prefill_pairs = _compiled.best_prefill_pairs if on else None
     prefill_grid = _compiled.prefill_grid if on else None
@@ -88,6 +91,7 @@ def use_compiled(on: bool) -> None:
     risk_plan = _compiled.risk_plan if on else None
     match_levels = _compiled.match_levels if on else None
     cache_lock = _compiled.cache_lock if on else None
+    standalone_estimate = _compiled.standalone_estimate if on else None
     cache_insert = _compiled.cache_insert if on else None
     cache_unlock = _compiled.cache_unlock if on else None
     earliest_pair = _compiled.earliest_pair if on else None
@@ -98,4 +102,4 @@ use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
 __all__ = ["AVAILABLE", "begin_rows", "best_prefill_pairs", "cache_insert", "cache_lock",
            "cache_unlock", "decode_limits", "decode_scan",
            "earliest_pair", "match_levels", "observe_step", "prefill_free_times", "prefill_grid",
-           "risk_plan", "use_compiled"]
+           "risk_plan", "standalone_estimate", "use_compiled"]

@@ -687,3 +687,51 @@ def test_compiled_begin_rows_errors_name_the_problem():
         call(calls=[bad])
     with pytest.raises(ZeroDivisionError, match="max_batch is 0"):
         call(top=[0.0, 1.0])
+
+
+@pytest.mark.parametrize("cluster", ["hetero-1", "hetero-2", "asym-2p8d", "hetero-1-x8"])
+def test_compiled_standalone_estimate_equals_python(cluster):
+    from hexagent_gym.cluster import load_cluster
+    from hexagent_gym.cluster_tables import ClusterTables
+
+    tables = ClusterTables(load_cluster(cluster))
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        l_in = int(rng.integers(1, 40_000))
+        l_out = int(rng.integers(1, 4_000)) if rng.random() < 0.5 else float(rng.uniform(1, 4e3))
+        err = 1.0 if rng.random() < 0.3 else float(rng.lognormal(0.0, 0.3))
+        pf = [x * float(rng.uniform(0.5, 1.5)) for x in tables.prefill_times(l_in)[0]]
+        fast = tables.standalone_estimate(pf, l_in, l_out, err)
+        assert type(fast) is float
+        assert fast == tables.standalone_estimate_python(pf, l_in, l_out, err)
+
+
+def test_compiled_standalone_estimate_by_hand_and_errors():
+    fn = kernels._compiled.standalone_estimate
+    # one decode class (base 0.01, slope 1e-6), two prefill classes at instances 0 and 2:
+    # ctx = 100 + 0.5 * (10 - 1) = 104.5; decode = 10 * (0.01 + 1e-6 * 104.5) * 2 = 0.20209
+    # class 0: 1.0 + 0.1 + 100 * 0.001 + 0.20209; class 1: 0.5 + 0.2 + 100 * 0.002 + 0.20209
+    got = fn([1.0, 9.0, 0.5], 100, 10, 2.0, [0.01], [1e-6], [0, 2], [0.1, 0.2], [0.001, 0.002])
+    assert got == 0.5 + 0.2 + 100 * 0.002 + 10 * (0.01 + 1e-6 * 104.5) * 2.0
+    assert fn([1.0], 1, 1, 1.0, [0.0], [0.0], [], [], []) == math.inf  # no class pair
+    with pytest.raises(TypeError, match="standalone_estimate takes 9 arguments, got 1"):
+        fn([1.0])
+    with pytest.raises(IndexError, match=r"pair_p\[0\] = 5 is outside pf_est \(1 instances\)"):
+        fn([1.0], 1, 1, 1.0, [0.0], [0.0], [5], [0.0], [0.0])
+    with pytest.raises(ValueError, match="setup and spt K·J"):
+        fn([1.0], 1, 1, 1.0, [0.0], [0.0], [0], [0.0, 1.0], [0.0])
+    with pytest.raises(TypeError, match="pf_est must be a list or tuple, got dict"):
+        fn({}, 1, 1, 1.0, [0.0], [0.0], [0], [0.0], [0.0])
+
+
+@pytest.mark.parametrize("cluster", ["hetero-1", "asym-2p8d", "hetero-1-x8"])
+def test_transfer_columns_equal_the_scalar_formula(cluster):
+    from hexagent_gym.cluster import load_cluster
+    from hexagent_gym.cluster_tables import ClusterTables
+
+    t = ClusterTables(load_cluster(cluster))
+    for l_in in (1, 17, 1000, 32_767, 131_072):
+        cols = t.transfer_cols(l_in)
+        assert cols == tuple(tuple(t.setup_list[p][d] + l_in * t.spt_list[p][d]
+                                   for p in t.pf_rep) for d in range(t.num_decode))
+        assert all(type(x) is float for row in cols for x in row)
