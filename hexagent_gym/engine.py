@@ -91,7 +91,7 @@ class Engine(InstanceFlow, PlanFlow):
                  parallel_sampling: bool = True, length_predictor: Any = "oracle",
                  length_predictor_params: Mapping[str, Any] | None = None,
                  decode_admission: str = "predicted", free_decode_calls: bool = True,
-                 record_timeline: bool = False) -> None:
+                 record_timeline: bool = False, checked_specs: set[int] | None = None) -> None:
         if not 0.0 <= estimation_error < 1.0:
             raise ValueError(f"estimation_error must be in [0, 1), got {estimation_error}")
         if planning_latency != "measured" and not (
@@ -120,9 +120,16 @@ class Engine(InstanceFlow, PlanFlow):
             if prefix_cache else None
         self.horizons = horizons  # H_w per workflow spec (``get``), or None: ratios of 1
         self.workload = workload
-        check_kv_demand(workload.workflows, cluster.max_decode_kv_tokens,
-                        f"cluster '{cluster.name}'", groups=parallel_sampling)
-        check_group_width(workload.workflows, cluster, parallel_sampling)
+        # checked_specs: ids of workflow specs that passed these checks for this cluster and
+        # serving options (the caller keeps the specs alive: an EpisodeFactory and its trace);
+        # only the others are checked, then added
+        fresh = (workload.workflows if checked_specs is None
+                 else [w for w in workload.workflows if id(w) not in checked_specs])
+        check_kv_demand(fresh, cluster.max_decode_kv_tokens, f"cluster '{cluster.name}'",
+                        groups=parallel_sampling)
+        check_group_width(fresh, cluster, parallel_sampling)
+        if checked_specs is not None:
+            checked_specs.update(map(id, fresh))
         self._decide = decisions
         self._latency = planning_latency
         self._window = max_calls_per_decision

@@ -178,6 +178,9 @@ class EpisodeFactory:
         self.trace: Trace = load_trace(config.trace, config.prefix_block_tokens)
         self.tables = ClusterTables(self.cluster)
         self.horizons = HorizonCache(self.cluster, self.tables, **self.serving)
+        # ids of the trace's workflow specs whose KV demand and group width an episode checked
+        # (the trace keeps them alive): later episodes skip them
+        self._checked_specs: set[int] = set()
         if config.arrival_rate is not None:
             self.arrival_rate: float | None = float(config.arrival_rate)
         elif config.load is not None:
@@ -230,4 +233,5 @@ class EpisodeFactory:
                          length_predictor_params=cfg.predictor_params,
                          decode_admission=cfg.decode_admission,
                          free_decode_calls=cfg.free_decode_calls,
-                         record_timeline=record_timeline, **self.serving)
+                         record_timeline=record_timeline, checked_specs=self._checked_specs,
+                         **self.serving)

@@ -66,6 +66,10 @@ class Simulator(Engine):
             decode interval as it happens; the result's ``timeline`` then holds them
             (:mod:`hexagent_gym.timeline`, docs/timelines.md). Changes no decision or time.
             The standalone horizon runs never record.
+        checked_specs: a set the caller keeps across episodes of one cluster and serving
+            options (``EpisodeFactory`` does): ids of workflow specs whose KV demand and sample
+            group width already passed the start-of-episode checks; only the others are
+            checked, then added. The caller keeps those specs alive (ids are reused otherwise).
     """
 
     def __init__(self, cluster: ClusterSpec, workload: EpisodeWorkload, *,

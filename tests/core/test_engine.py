@@ -211,3 +211,20 @@ def test_the_standalone_estimate_cache_stays_bounded(monkeypatch):
     for c in sim.workflows[0].calls:  # still the rule's floats after the clears
         assert c.est_duration == tables.standalone_estimate(c.pf_true, c.l_in, c.l_out_pred,
                                                             1.0)
+
+
+def test_episodes_of_one_factory_check_each_workflow_spec_once(monkeypatch):
+    import hexagent_gym.engine as engine_module
+    from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+
+    seen = []
+    real = engine_module.check_kv_demand
+    monkeypatch.setattr(engine_module, "check_kv_demand",
+                        lambda flows, *a, **k: (seen.append(list(flows)), real(flows, *a, **k)))
+    factory = EpisodeFactory(EpisodeConfig(cluster="hetero-1", trace="bfcl_v3",
+                                           num_workflows=40, load=1.0, seed=0))
+    first = factory.simulator(1)
+    factory.simulator(1)  # the same workflows: nothing left to check
+    factory.simulator(2)
+    assert seen[0] == list(first.workload.workflows) and seen[1] == []
+    assert 0 < len(seen[2]) <= 40 and not {id(w) for w in seen[2]} & {id(w) for w in seen[0]}
