@@ -52,7 +52,7 @@ class PlanState(Projections):
         self._decode = decode
         self._exclude = exclude  # uids being planned: not counted as existing reservations
         self._releases: dict[int, list[tuple[float, float]]] = {}
-        self._picked: dict[int, list[tuple[float, float]]] = {}
+        self._pick_log: list[tuple[int, float, float]] = []  # (d, release, tokens) per pick
         self._tau_cache: tuple[np.ndarray, np.ndarray] | None = None
         self._start_memo: tuple[CallBatch, np.ndarray | float] | None = None
         self._scan: list[int] | None = None
@@ -191,7 +191,7 @@ class PlanState(Projections):
         new._decode = self._decode
         new._exclude = self._exclude
         new._releases = {d: list(r) for d, r in self._releases.items()}
-        new._picked = {d: list(p) for d, p in self._picked.items()}
+        new._pick_log = list(self._pick_log)
         tau = self._tau_cache
         new._tau_cache = None if tau is None else (tau[0].copy(), tau[1].copy())
         new._start_memo = None
@@ -235,15 +235,11 @@ class PlanState(Projections):
                                  ("dec_ctx", ctx)):
                 if name in arrays:
                     arrays[name][d] = values[d]
-        item = (self.now + delta, float(kv))
-        picked = self._picked.get(d)
-        if picked is None:
-            self._picked[d] = [item]
-        else:
-            picked.append(item)
+        when, tokens_f = self.now + delta, float(kv)
+        self._pick_log.append((d, when, tokens_f))
         rel = self._releases.get(d)
         if rel is not None:
-            bisect.insort(rel, item)
+            bisect.insort(rel, (when, tokens_f))
         # only d's step time changed: refresh its entry (same arithmetic as decode_tau)
         tau = self._tau_cache
         if tau is not None:
@@ -281,7 +277,7 @@ class PlanState(Projections):
         for c in inst.inbound.values():
             if c.uid not in self._exclude:
                 rel.append((max(c.proj_release, now), float(c.kv_pred)))
-        rel.extend(self._picked.get(d, ()))
+        rel.extend([(when, kv) for dd, when, kv in self._pick_log if dd == d])
         rel.sort()
         self._releases[d] = rel
         return rel
