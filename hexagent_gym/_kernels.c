@@ -1278,13 +1278,14 @@ static PyObject *match_levels(PyObject *self, PyObject *const *args, Py_ssize_t 
         if (v == NULL) {
             if (PyErr_Occurred()) goto fail;
         } else {
-            if (!PyLong_Check(v)) goto wide; /* negative: OverflowError below */
-            mask = PyLong_AsUnsignedLongLong(v);
-            if (mask == (unsigned long long)-1 && PyErr_Occurred()) {
-                if (!PyErr_ExceptionMatches(PyExc_OverflowError)) goto fail;
-                PyErr_Clear();
-                goto wide;
-            }
+            /* a mask of 64 bits or fewer, read digit by digit (PyLong_AsUnsignedLongLong takes
+             * a byte-by-byte path for every multi-digit int: masks of caches 30 and up) */
+            if (!PyLong_Check(v) || _PyLong_Sign(v) < 0) goto wide;
+            size_t bits = _PyLong_NumBits(v);
+            if (bits == (size_t)-1 && PyErr_Occurred()) goto fail;
+            if (bits > 64) goto wide;
+            mask = PyLong_AsUnsignedLongLongMask(v);
+            if (mask == (unsigned long long)-1 && PyErr_Occurred()) goto fail;
         }
         unsigned long long now = alive & mask;
         if (now != alive && k && append_level(levels, k, alive & ~now) < 0) goto fail;

@@ -374,13 +374,15 @@ def test_compiled_match_levels_equal_python():
     from hexagent_gym.prefix_cache import match_levels_python
 
     fn = kernels._compiled.match_levels
-    holders = {10: 0b1011, 11: 0b0011, 12: 0b0001, 20: 1 << 63, 21: (1 << 64) - 1}
+    holders = {10: 0b1011, 11: 0b0011, 12: 0b0001, 20: 1 << 63, 21: (1 << 64) - 1,
+               30: (1 << 40) | 5, 31: 1 << 40, 32: (1 << 31) | (1 << 29)}  # multi-digit ints
     for blocks in ([10, 11, 12, 13], [10, 11], [11, 10], [99], [], (10, 11, 12), [20, 20],
-                   [21, 20, 10]):
+                   [21, 20, 10], [30, 31], [21, 30, 31], [32, 21], [21, 32, 30]):
         assert fn(holders, blocks) == match_levels_python(holders, blocks)
     # caches 0 and 1 hold blocks 10 and 11, cache 3 only 10; cache 0 also 12
     assert fn(holders, [10, 11, 12, 13]) == [(1, 0b1000), (2, 0b0010), (3, 0b0001)]
     assert fn({1: 1 << 64}, [1]) is None  # wider than 64 bits: the Python version runs
+    assert fn({1: -1}, [1]) is None  # not a mask: the Python version answers
     with pytest.raises(TypeError, match="holders must be a dict"):
         fn([], [1])
     # every prompt of an episode against the caches it left (32 prefill instances)
