@@ -386,7 +386,19 @@ class DecisionPoint:
                 raise ValueError(f"call slot {slot} may move to another decode instance but its "
                                  f"KV comes from prefill instance {call.prefill_inst}, got p={p}")
         delta = self._delta
-        value = delta.item(slot, p, d) if delta is not None else self._delta_at(slot, p, d)
+        ahead = self._ahead
+        follows = False  # this pick is the computed plan's next one (planned_pick, inlined)
+        if ahead:
+            k = len(self.plan) - self._ahead_from
+            if k < len(ahead):
+                planned = ahead[k]
+                follows = planned[0] == slot and planned[1] == p and planned[2] == d
+        if delta is not None:
+            value = delta.item(slot, p, d)
+        elif follows:
+            value = planned[3]  # as _delta_at: the plan's exact Δ
+        else:
+            value = self._delta_at(slot, p, d)
         if not math.isfinite(value):  # a float: math's test, not numpy's scalar machinery
             if not prefill and d != call.decode_inst:
                 raise ValueError(f"call slot {slot} cannot move to decode instance {d} now: a "
@@ -402,10 +414,8 @@ class DecisionPoint:
             state.commit(call, p, d, value, True, pf)
         else:
             state.commit(call, p, d, value, False, None)
-        if self._ahead:  # a pick off the computed plan makes the rest of it stale
-            planned = self.planned_pick()
-            if planned is None or planned[:3] != (slot, p, d):
-                self._ahead = []
+        if ahead and not follows:  # a pick off the computed plan makes the rest of it stale
+            self._ahead = []
         self.plan.append((call, p, d, value))
         picked[slot] = True
         self._remaining -= 1
