@@ -91,12 +91,12 @@ def bench_env(cluster: str = "hetero-1", trace: str = "bfcl_v3", num_workflows: 
         valid = np.flatnonzero(env.action_masks())
         if env.step(valid[rng.integers(len(valid))])[2]:
             break
-    best, episodes = 0.0, 0
-    for _ in range(repeat):
+    best, cart, episodes = 0.0, 0.0, 0
+    for _ in range(repeat):  # interleaved with CartPole: both see the same machine moments
         t0 = time.perf_counter()
         episodes, decisions = random_valid_steps(env, steps, rng, seed)
         best = max(best, steps / (time.perf_counter() - t0))
-    cart = max(bench_cartpole(steps, rng) for _ in range(repeat))
+        cart = max(cart, bench_cartpole(steps, rng))
     return EnvBench(cluster, trace, num_workflows, env.k, steps, episodes, best, cart, decisions)
 
 
@@ -129,23 +129,36 @@ def bench_scaling(policy: str = "hexagent", trace: str = "bfcl_v3", load: float 
     """Roll out ``policy`` per (cluster, workflows) row through the public API: once on a
     fresh env (standalone horizons included), then ``repeat`` more times with the horizons
     cached, each after a full garbage collection, keeping the fastest of those (whether a
-    full collection lands inside one short rollout moves it by 10-20 %)."""
-    out = []
+    full collection lands inside one short rollout moves it by 10-20 %).
+
+    The repeated rollouts go round the rows (every row once, then again), so the rows' ratios
+    compare rollouts timed minutes apart at most rather than a whole table apart: this
+    machine's speed drifts by a third within minutes."""
+    envs, first, facts = [], [], []
     for cluster, n in rows:
         env = PDClusterEnv(cluster=cluster, trace=trace, num_workflows=n, load=load, seed=seed)
         t0 = time.perf_counter()
-        result = env.rollout(policy)
-        first = time.perf_counter() - t0
-        again = math.inf
-        for _ in range(max(repeat, 1)):
+        env.rollout(policy)
+        first.append(time.perf_counter() - t0)
+        envs.append(env)
+    again = [math.inf] * len(rows)
+    for rep in range(max(repeat, 1)):
+        for i, env in enumerate(envs):
             gc.collect()
             t0 = time.perf_counter()
             result = env.rollout(policy)
-            again = min(again, time.perf_counter() - t0)
-        calls = result.num_calls
+            again[i] = min(again[i], time.perf_counter() - t0)
+            if rep == 0:  # the row's figures (every rollout of a row is the same episode);
+                # only these are kept, so the other rows' results do not weigh on collections
+                facts.append((result.num_calls, result.scheduler_seconds / max(
+                    result.invocations, 1), result.req99, result.decisions))
+            del result
+    out = []
+    for (cluster, n), env, fact, t_first, t_again in zip(rows, envs, facts, first, again,
+                                                        strict=True):
+        calls, per_invocation, req99, decisions = fact
         spec = env.factory.cluster
         out.append(ScalingRow(cluster, f"{len(spec.prefill)}P+{len(spec.decode)}D", n, calls,
-                              1e6 * first / calls, 1e6 * again / calls,
-                              1e3 * result.scheduler_seconds / max(result.invocations, 1),
-                              result.req99, result.decisions / calls))
+                              1e6 * t_first / calls, 1e6 * t_again / calls,
+                              1e3 * per_invocation, req99, decisions / calls))
     return out
