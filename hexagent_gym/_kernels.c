@@ -1303,6 +1303,61 @@ fail:
     return NULL;
 }
 
+/* decode_cells(out, slots, rows, cols, weights, own_ctxs, now, count, ctx, dec_static,
+ *              batch_top) -> None
+ * Projections.decode_delta_one for decode-stage calls that no decode limit binds (they start
+ * now on their own instance, which therefore cannot refuse them, so they do not move): each
+ * out[slots[j], rows[j], cols[j]] (float64, C-contiguous n x P x D) = now + decode_end, that
+ * is now + (weights[j] * ((base + slope * ctx[d]) + slope * own_ctxs[j]) - now) with d's terms
+ * at its committed count (dec_static[d] = (capacity, max_batch, base_row, slope_row)). */
+static PyObject *decode_cells(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 11, "decode_cells")) return NULL;
+    PyObject *slots = args[1], *rows = args[2], *cols = args[3], *weights = args[4];
+    PyObject *owns = args[5], *count = args[7], *ctx = args[8], *dec_static = args[9];
+    if (!is_seq(slots, "slots") || !is_seq(rows, "rows") || !is_seq(cols, "cols") ||
+        !is_seq(weights, "weights") || !is_seq(owns, "own_ctxs") || !is_seq(count, "count") ||
+        !is_seq(ctx, "ctx") || !is_seq(dec_static, "dec_static"))
+        return NULL;
+    Py_ssize_t m = Py_SIZE(slots), D = Py_SIZE(dec_static);
+    if (Py_SIZE(rows) != m || Py_SIZE(cols) != m || Py_SIZE(weights) != m || Py_SIZE(owns) != m ||
+        Py_SIZE(count) != D || Py_SIZE(ctx) != D) {
+        PyErr_SetString(PyExc_ValueError, "decode_cells: slots, rows, cols, weights and own_ctxs "
+                        "need one entry per cell; count and ctx one per decode instance");
+        return NULL;
+    }
+    double now = num(args[6]);
+    Py_ssize_t top = PyLong_AsSsize_t(args[10]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *o = args[0];
+    if (!PyArray_Check(o) || PyArray_TYPE((PyArrayObject *)o) != NPY_DOUBLE ||
+        PyArray_NDIM((PyArrayObject *)o) != 3 || !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)o) ||
+        !PyArray_ISWRITEABLE((PyArrayObject *)o) || PyArray_DIM((PyArrayObject *)o, 2) != D) {
+        PyErr_Format(PyExc_TypeError, "decode_cells: out must be a writable C-contiguous float64 "
+                     "array n x P x %zd", D);
+        return NULL;
+    }
+    PyArrayObject *out = (PyArrayObject *)o;
+    Py_ssize_t n = PyArray_DIM(out, 0), P = PyArray_DIM(out, 1);
+    double *grid = PyArray_DATA(out);
+    for (Py_ssize_t j = 0; j < m; j++) {
+        Py_ssize_t i = iat(slots, j), p = iat(rows, j), d = iat(cols, j);
+        if (PyErr_Occurred()) return NULL;
+        if (i < 0 || i >= n || p < 0 || p >= P || d < 0 || d >= D) {
+            PyErr_Format(PyExc_IndexError, "decode_cells: cell (%zd, %zd, %zd) is outside out "
+                         "(%zd x %zd x %zd)", i, p, d, n, P, D);
+            return NULL;
+        }
+        PyObject *row = at(dec_static, d);
+        if (!is_seq(row, "dec_static[d]")) return NULL;
+        double bc, sl;
+        if (row_terms(row, iat(count, d), top, dat(ctx, d), &bc, &sl) < 0) return NULL;
+        double end = dat(weights, j) * (bc + sl * dat(owns, j)) - now;
+        if (PyErr_Occurred()) return NULL;
+        grid[(i * P + p) * D + d] = now + end;
+    }
+    Py_RETURN_NONE;
+}
+
 /* standalone_estimate(pf_est, l_in, l_out, dec_err, dec_base, dec_slope, pair_p, setup, spt)
  * -> float: ClusterTables.standalone_estimate_python (a call's duration alone on the empty
  * cluster at its best class pair): dec_base and dec_slope per decode class (J), pair_p the
@@ -1734,6 +1789,9 @@ static PyMethodDef methods[] = {
      "compiled (see the source)."},
     {"match_levels", (PyCFunction)(void (*)(void))match_levels, METH_FASTCALL,
      "match_levels(holders, blocks) -> [(k, mask)] or None: prefix_cache.match_levels."},
+    {"decode_cells", (PyCFunction)(void (*)(void))decode_cells, METH_FASTCALL,
+     "decode_cells(out, slots, rows, cols, weights, own_ctxs, now, count, ctx, dec_static, "
+     "batch_top) -> None: decode-stage Δ cells no decode limit binds (see the source)."},
     {"standalone_estimate", (PyCFunction)(void (*)(void))standalone_estimate, METH_FASTCALL,
      "standalone_estimate(pf_est, l_in, l_out, dec_err, dec_base, dec_slope, pair_p, setup, "
      "spt) -> float: ClusterTables.standalone_estimate."},

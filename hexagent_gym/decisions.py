@@ -161,12 +161,37 @@ class DecisionPoint:
         """:attr:`delta` at the decode stage, row by row in scalar Python without the window's
         :class:`CallBatch` (the same floats as :meth:`PlanState.project_decode`): each call has
         one row that can be finite, its prefill instance's. (At the prefill stage every entry can
-        be finite and numpy's projection is faster from one call up, measured on hetero-1.)"""
-        delta = self.state.tables.inf_grid(len(self.calls))
+        be finite and numpy's projection is faster from one call up, measured on hetero-1.)
+
+        With the kernels built, the calls no decode limit binds (the common case: they start now
+        on their own instance, so they do not move) get their one finite cell from
+        ``kernels.decode_cells``; the others take :meth:`Projections.decode_delta_one`."""
         state = self.state
+        delta = state.tables.inf_grid(len(self.calls))
+        kernel = kernels.decode_cells
+        if kernel is None:
+            for i, call in enumerate(self.calls):
+                if not self.picked[i]:
+                    delta[i, call.prefill_inst] = state.decode_delta_one(call)
+            return delta
+        slack, any_full = state.limits()
+        slots, rows, cols, weights, owns = [], [], [], [], []
         for i, call in enumerate(self.calls):
-            if not self.picked[i]:
+            if self.picked[i]:
+                continue
+            weight, own_ctx, kv = state.call_constants(call)
+            if any_full or kv > slack:  # a limit may bind: the scalar rule, moves included
                 delta[i, call.prefill_inst] = state.decode_delta_one(call)
+            else:
+                slots.append(i)
+                rows.append(call.prefill_inst)
+                cols.append(call.decode_inst)
+                weights.append(weight)
+                owns.append(own_ctx)
+        if slots:
+            t = state.tables
+            kernel(delta, slots, rows, cols, weights, owns, state.now, state.dec_count_l,
+                   state.dec_ctx_l, t.dec_static, t.batch_top)
         return delta
 
     @property

@@ -49,6 +49,10 @@ match_levels = None
 """The compiled ``prefix_cache.match_levels_python`` (masks up to 64 bits; None from the
 kernel means wider masks, and the Python version runs), or None."""
 
+decode_cells = None
+"""The compiled ``Projections.decode_delta_one`` for decode-stage calls no decode limit binds
+(``DecisionPoint._scalar_decode_delta``), or None."""
+
 standalone_estimate = None
 """The compiled ``ClusterTables.standalone_estimate_python``, or None."""
 
@@ -79,7 +83,7 @@ def use_compiled(on: bool) -> None:
     """Run the compiled kernels (``on``, if built) or the pure-Python rules from now on."""
     global best_prefill_pairs, prefill_grid, decode_scan, prefill_free_times, decode_limits
     global observe_step, risk_plan, match_levels, earliest_pair, begin_rows
-    global cache_lock, cache_insert, cache_unlock, standalone_estimate
+    global cache_lock, cache_insert, cache_unlock, standalone_estimate, decode_cells
     on = bool(on and AVAILABLE)
     best_prefill_pairs = _compiled.best_prefill_pairs if on else None
     prefill_grid = _compiled.prefill_grid if on else None
@@ -92,6 +96,7 @@ def use_compiled(on: bool) -> None:
     match_levels = _compiled.match_levels if on else None
     cache_lock = _compiled.cache_lock if on else None
     standalone_estimate = _compiled.standalone_estimate if on else None
+    decode_cells = _compiled.decode_cells if on else None
     cache_insert = _compiled.cache_insert if on else None
     cache_unlock = _compiled.cache_unlock if on else None
     earliest_pair = _compiled.earliest_pair if on else None
@@ -100,6 +105,6 @@ def use_compiled(on: bool) -> None:
 use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
 
 __all__ = ["AVAILABLE", "begin_rows", "best_prefill_pairs", "cache_insert", "cache_lock",
-           "cache_unlock", "decode_limits", "decode_scan",
+           "cache_unlock", "decode_cells", "decode_limits", "decode_scan",
            "earliest_pair", "match_levels", "observe_step", "prefill_free_times", "prefill_grid",
            "risk_plan", "standalone_estimate", "use_compiled"]

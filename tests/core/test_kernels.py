@@ -737,3 +737,50 @@ def test_transfer_columns_equal_the_scalar_formula(cluster):
         assert cols == tuple(tuple(t.setup_list[p][d] + l_in * t.spt_list[p][d]
                                    for p in t.pf_rep) for d in range(t.num_decode))
         assert all(type(x) is float for row in cols for x in row)
+
+
+@pytest.mark.parametrize("build", [
+    tight_memory_simulator,  # decode limits bind, free calls move: both paths in one window
+    lambda: EpisodeFactory(EpisodeConfig(cluster="hetero-1", trace="mixed", num_workflows=40,
+                                         load=2.0, seed=3)).simulator(),
+], ids=["tight-memory", "hetero-1-mixed"])
+def test_compiled_decode_cells_equal_python_at_every_decode_decision(build):
+    from hexagent_gym.decisions import earliest_finish_pick
+
+    sim, cells = build(), 0
+    dp = sim.run_until_decision()
+    try:
+        while dp is not None:
+            if dp.stage == Stage.DECODE:
+                kernels.use_compiled(True)
+                fast = dp._scalar_decode_delta()
+                kernels.use_compiled(False)
+                slow = dp._scalar_decode_delta()
+                kernels.use_compiled(True)
+                assert np.array_equal(fast, slow)
+                cells += int(np.isfinite(fast).sum())
+            while not dp.done:
+                dp.pick(*earliest_finish_pick(dp))
+            dp = sim.run_until_decision()
+    finally:
+        kernels.use_compiled(True)
+    assert cells > 20
+
+
+def test_compiled_decode_cells_by_hand_and_errors():
+    fn = kernels._compiled.decode_cells
+    out = np.full((2, 1, 2), np.inf)
+    # decode instance 1 holds 1 call: the step terms at batch 2, base 0.02 + slope 1e-5 * ctx 300
+    static = [(1000.0, 4, [0.0, 0.01, 0.015], [0.0, 1e-6, 2e-6]),
+              (1000.0, 4, [0.0, 0.01, 0.02], [0.0, 1e-6, 1e-5])]
+    fn(out, [1], [0], [1], [50.0], [120.0], 3.0, [0, 1], [0.0, 300.0], static, 2)
+    assert out[1, 0, 1] == 3.0 + (50.0 * ((0.02 + 1e-5 * 300.0) + 1e-5 * 120.0) - 3.0)
+    assert np.isinf(out[0]).all() and np.isinf(out[1, 0, 0])
+    with pytest.raises(TypeError, match="decode_cells takes 11 arguments, got 1"):
+        fn(out)
+    with pytest.raises(IndexError, match=r"cell \(2, 0, 1\) is outside out \(2 x 1 x 2\)"):
+        fn(out, [2], [0], [1], [1.0], [1.0], 0.0, [0, 0], [0.0, 0.0], static, 2)
+    with pytest.raises(TypeError, match="out must be a writable C-contiguous float64"):
+        fn(out.astype(np.float32), [], [], [], [], [], 0.0, [0, 0], [0.0, 0.0], static, 2)
+    with pytest.raises(ValueError, match="one entry per cell"):
+        fn(out, [0], [], [], [], [], 0.0, [0, 0], [0.0, 0.0], static, 2)
