@@ -54,8 +54,8 @@ class ClusterTables:
         self._pf_hit_cache: dict[tuple[int, int], tuple[float, ...]] = {}
         self.pf_class_list = self.pf_class.tolist()
         # per-class values -> the tuple per prefill instance, in C (an O(P) comprehension per
-        # revealed call was a sixth of a call's bytecodes at 64 prefill instances)
-        # (picklable; one instance: a one-item slice, still a tuple)
+        # revealed call was a sixth of a call's bytecodes at 64 prefill instances); picklable,
+        # and with one instance a one-item slice, so still a tuple
         cls = self.pf_class_list
         self.per_instance = (operator.itemgetter(*cls) if len(cls) > 1
                              else operator.itemgetter(slice(cls[0], cls[0] + 1)))
