@@ -237,10 +237,12 @@ def view_of_levels(tables: ClusterTables, levels: list[tuple[int, int]], block_t
         if h > l_in:
             h = l_in
         per_class = tables.prefill_times_hit(l_in, h)
+        if err != 1.0:  # scaled once per class: its instances share one float (x * 1.0 is x)
+            per_class = [x * err for x in per_class]
         while mask:
             low = mask & -mask
             p = low.bit_length() - 1
             mask ^= low
             hits[p] = h
-            est[p] = per_class[cls[p]] * err
+            est[p] = per_class[cls[p]]
     return hits, est
