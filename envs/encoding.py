@@ -140,7 +140,7 @@ class Encoder:
         self.num_prefill, self.num_decode = tables.num_prefill, tables.num_decode
         self.inv_ts = 1.0 / time_scale
         self.num_actions = k * p_max * d_max
-        self.pd_max = p_max * d_max  # actions per call slot (P_max · D_max)
+        self._pd = p_max * d_max
         f32 = np.float32
 
         def box(shape: tuple[int, ...], low: float) -> spaces.Box:
@@ -190,7 +190,7 @@ class Encoder:
     # -- actions --------------------------------------------------------------------------------
     def decode_action(self, action: int) -> tuple[int, int, int]:
         """Action index → (call slot, prefill instance, decode instance)."""
-        slot, rest = divmod(action, self.pd_max)
+        slot, rest = divmod(action, self._pd)
         p, d = divmod(rest, self.d_max)
         return slot, p, d
 

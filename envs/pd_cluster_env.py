@@ -311,7 +311,7 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         reward = 0.0
         terminated = False
         if not dp.done:  # more picks at this decision point: only the observation changes
-            obs, self._mask = self.encoder.observe()
+            obs, mask = self.encoder.observe()
         else:
             sim = self._sim
             nxt = sim.run_until_decision()
@@ -326,13 +326,12 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
                 terminated = True
                 self._dp = None
                 reward += self.reward_fn.terminal(sim.result().ratios)
-                obs, self._mask = self.encoder.empty()
+                obs, mask = self.encoder.empty()
             else:
                 self._dp = nxt
                 self._info = step_info(sim, self.encoder.begin(sim, nxt, self._num_workflows))
-                obs, self._mask = self.encoder.observe()
-        if self._mask_in_obs:
-            obs["action_mask"] = self._mask.astype(np.int8)
+                obs, mask = self.encoder.observe()
+        obs = self._emit(obs, mask)
         reward = float(reward)
         self._return += reward
         truncated = (not terminated and self._step_cap is not None
@@ -436,8 +435,7 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         if not 0 <= a < enc.num_actions:
             raise ValueError(f"action {a} is out of range [0, {enc.num_actions}) "
                              f"(K={self.k}, P_max={self.p_max}, D_max={self.d_max})")
-        slot, rest = divmod(a, enc.pd_max)  # enc.decode_action(a), inlined: every step
-        p, d = divmod(rest, enc.d_max)
+        slot, p, d = enc.decode_action(a)
         n = len(dp.calls)
         problem = None
         if slot >= n:
