@@ -1405,8 +1405,8 @@ static PyObject *standalone_estimate(PyObject *self, PyObject *const *args, Py_s
  * lru is the cache's OrderedDict of block ids (written only through the generic mapping
  * protocol, so its order list stays consistent), refs the plain dict of lock counts, holders the
  * cluster's plain dict of holder bit masks (or None), touch lru.move_to_end. */
-static int is_dict(PyObject *o, const char *fn, const char *name) {
-    if (PyDict_CheckExact(o)) return 1;
+static int is_dict(PyObject *o, const char *fn, const char *name, int exact) {
+    if (exact ? PyDict_CheckExact(o) : PyDict_Check(o)) return 1;
     PyErr_Format(PyExc_TypeError, "%s: %s must be a dict, got %s", fn, name, Py_TYPE(o)->tp_name);
     return 0;
 }
@@ -1439,12 +1439,8 @@ static int touch_block(PyObject *touch, PyObject *b) { /* lru.move_to_end(b) */
 static PyObject *cache_lock(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (!arity(nargs, 5, "cache_lock")) return NULL;
     PyObject *lru = args[0], *refs = args[1], *touch = args[2], *blocks = args[3];
-    if (!PyDict_Check(lru)) {
-        PyErr_Format(PyExc_TypeError, "cache_lock: lru must be a dict, got %s",
-                     Py_TYPE(lru)->tp_name);
-        return NULL;
-    }
-    if (!is_dict(refs, "cache_lock", "refs") || !is_seq(blocks, "blocks")) return NULL;
+    if (!is_dict(lru, "cache_lock", "lru", 0)) return NULL; /* the cache's OrderedDict */
+    if (!is_dict(refs, "cache_lock", "refs", 1) || !is_seq(blocks, "blocks")) return NULL;
     Py_ssize_t k = PyLong_AsSsize_t(args[4]), n = Py_SIZE(blocks);
     if (k == -1 && PyErr_Occurred()) return NULL;
     if (k > n) {
@@ -1477,13 +1473,9 @@ static PyObject *cache_insert(PyObject *self, PyObject *const *args, Py_ssize_t 
     if (!arity(nargs, 8, "cache_insert")) return NULL;
     PyObject *lru = args[0], *refs = args[1], *holders = args[2], *bit = args[3];
     PyObject *blocks = args[4], *touch = args[7];
-    if (!PyDict_Check(lru)) {
-        PyErr_Format(PyExc_TypeError, "cache_insert: lru must be a dict, got %s",
-                     Py_TYPE(lru)->tp_name);
-        return NULL;
-    }
-    if (!is_dict(refs, "cache_insert", "refs") || !is_seq(blocks, "blocks")) return NULL;
-    if (holders != Py_None && !is_dict(holders, "cache_insert", "holders")) return NULL;
+    if (!is_dict(lru, "cache_insert", "lru", 0)) return NULL; /* the cache's OrderedDict */
+    if (!is_dict(refs, "cache_insert", "refs", 1) || !is_seq(blocks, "blocks")) return NULL;
+    if (holders != Py_None && !is_dict(holders, "cache_insert", "holders", 1)) return NULL;
     Py_ssize_t end = PyLong_AsSsize_t(args[5]), n = Py_SIZE(blocks), cap = -1;
     if (end == -1 && PyErr_Occurred()) return NULL;
     if (args[6] != Py_None) {
@@ -1531,7 +1523,7 @@ static PyObject *cache_insert(PyObject *self, PyObject *const *args, Py_ssize_t 
 static PyObject *cache_unlock(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (!arity(nargs, 3, "cache_unlock")) return NULL;
     PyObject *refs = args[0], *blocks = args[1];
-    if (!is_dict(refs, "cache_unlock", "refs") || !is_seq(blocks, "blocks")) return NULL;
+    if (!is_dict(refs, "cache_unlock", "refs", 1) || !is_seq(blocks, "blocks")) return NULL;
     Py_ssize_t k = PyLong_AsSsize_t(args[2]);
     if (k == -1 && PyErr_Occurred()) return NULL;
     if (k < 0 || k > Py_SIZE(blocks)) {

@@ -174,13 +174,12 @@ class DecisionPoint:
                 if not self.picked[i]:
                     delta[i, call.prefill_inst] = state.decode_delta_one(call)
             return delta
-        slack, any_full = state.limits()
         slots, rows, cols, weights, owns = [], [], [], [], []
         for i, call in enumerate(self.calls):
             if self.picked[i]:
                 continue
-            weight, own_ctx, kv = state.call_constants(call)
-            if any_full or kv > slack:  # a limit may bind: the scalar rule, moves included
+            weight, own_ctx, _, free_start = state._decode_inputs(call)
+            if not free_start:  # a limit may bind: the scalar rule, moves included
                 delta[i, call.prefill_inst] = state.decode_delta_one(call)
             else:
                 slots.append(i)

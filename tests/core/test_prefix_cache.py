@@ -169,6 +169,8 @@ def test_cache_kernels_by_hand_and_clear_errors():
         c.cache_unlock(refs, [1], 1)
     with pytest.raises(TypeError, match="cache_lock takes 5 arguments, got 1"):
         c.cache_lock(lru)
+    with pytest.raises(TypeError, match="cache_lock: lru must be a dict, got list"):
+        c.cache_lock([], refs, None, [1], 1)
     with pytest.raises(TypeError, match="cache_insert: refs must be a dict, got list"):
         c.cache_insert(lru, [], None, 1, [1], 0, None, lru.move_to_end)
     with pytest.raises(ValueError, match="cache_insert: start = 3 is outside 0..1"):
