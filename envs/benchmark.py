@@ -115,50 +115,64 @@ class ScalingRow:
     num_workflows: int
     num_calls: int
     us_per_call_first: float  # first rollout of a fresh env: includes every standalone horizon
-    us_per_call: float  # best later rollout: horizons cached (a training or evaluation loop)
+    us_per_call: float  # fastest later sample, horizons cached (a training or evaluation loop);
+    # a sample is ``laps`` rollouts back to back (about as many calls as the longest row's)
     ms_per_invocation: float  # the policy's planning time per scheduling invocation (second)
     req99: float
     # picks per simulated call: every invocation re-plans every call still waiting, so this grows
     # with the cluster (more calls wait cluster-wide when an invocation fires)
     picks_per_call: float = 0.0
+    laps: int = 1  # rollouts per timed sample
 
 
 def bench_scaling(policy: str = "hexagent", trace: str = "bfcl_v3", load: float = 1.0,
                   rows: tuple[tuple[str, int], ...] = SCALING_ROWS,
                   seed: int = 0, repeat: int = 3) -> list[ScalingRow]:
     """Roll out ``policy`` per (cluster, workflows) row through the public API: once on a
-    fresh env (standalone horizons included), then ``repeat`` more times with the horizons
-    cached, each after a full garbage collection, keeping the fastest of those (whether a
-    full collection lands inside one short rollout moves it by 10-20 %).
+    fresh env (standalone horizons included), then ``repeat`` timed samples with the horizons
+    cached, each after a full garbage collection, keeping the fastest sample per row.
 
-    The repeated rollouts go round the rows (every row once, then again), so the rows' ratios
-    compare rollouts timed minutes apart at most rather than a whole table apart: this
-    machine's speed drifts by a third within minutes."""
+    Every sample spans about the same number of simulated calls: a row whose episode is
+    shorter than the longest row's rolls its episode out back to back until it has simulated
+    at least as many calls (400 workflows: 26 rollouts against one of 10,000). The fastest of
+    a few 0.1-second windows is a luckier draw on a noisy machine than the fastest of a few
+    3-second ones, so equal windows keep the rows' ratios about the code, not the draw.
+
+    The samples go round the rows (every row once, then again), so the rows' ratios compare
+    samples timed minutes apart at most rather than a whole table apart: this machine's speed
+    drifts by a third within minutes."""
     envs, first, facts = [], [], []
     for cluster, n in rows:
         env = PDClusterEnv(cluster=cluster, trace=trace, num_workflows=n, load=load, seed=seed)
         t0 = time.perf_counter()
-        env.rollout(policy)
+        result = env.rollout(policy)
         first.append(time.perf_counter() - t0)
         envs.append(env)
+        facts.append(result.num_calls)
+        del result
+    window = max(facts)
+    laps = [-(-window // max(calls, 1)) for calls in facts]  # rollouts per sample
+    facts = []
     again = [math.inf] * len(rows)
     for rep in range(max(repeat, 1)):
         for i, env in enumerate(envs):
             gc.collect()
             t0 = time.perf_counter()
-            result = env.rollout(policy)
-            again[i] = min(again[i], time.perf_counter() - t0)
+            for _ in range(laps[i]):
+                result = None  # the last lap's result is not kept alive through this one
+                result = env.rollout(policy)
+            again[i] = min(again[i], (time.perf_counter() - t0) / laps[i])
             if rep == 0:  # the row's figures (every rollout of a row is the same episode);
                 # only these are kept, so the other rows' results do not weigh on collections
                 facts.append((result.num_calls, result.scheduler_seconds / max(
                     result.invocations, 1), result.req99, result.decisions))
             del result
     out = []
-    for (cluster, n), env, fact, t_first, t_again in zip(rows, envs, facts, first, again,
-                                                        strict=True):
+    for (cluster, n), env, fact, t_first, t_again, lap in zip(rows, envs, facts, first, again,
+                                                             laps, strict=True):
         calls, per_invocation, req99, decisions = fact
         spec = env.factory.cluster
         out.append(ScalingRow(cluster, f"{len(spec.prefill)}P+{len(spec.decode)}D", n, calls,
                               1e6 * t_first / calls, 1e6 * t_again / calls,
-                              1e3 * per_invocation, req99, decisions / calls))
+                              1e3 * per_invocation, req99, decisions / calls, lap))
     return out

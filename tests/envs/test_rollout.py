@@ -206,3 +206,15 @@ def test_scaling_bench_reports_the_rollouts_it_timed():
     assert row.num_calls == ref.num_calls and row.req99 == ref.req99
     assert row.picks_per_call == ref.decisions / ref.num_calls > 0
     assert row.us_per_call_first > 0 and row.us_per_call > 0 and row.ms_per_invocation > 0
+    assert row.laps == 1  # the only row is the longest
+
+
+def test_scaling_bench_times_every_row_over_about_as_many_calls():
+    from envs.benchmark import bench_scaling
+
+    short, long = bench_scaling("hexagent", "mixed", 1.0, repeat=1,
+                                rows=(("tiny-2p2d", 3), ("tiny-2p2d", 12)))
+    assert long.laps == 1 and long.num_calls > short.num_calls
+    # the short episode runs back to back until it has simulated at least the long one's calls
+    assert short.laps == -(-long.num_calls // short.num_calls) > 1
+    assert (short.laps - 1) * short.num_calls < long.num_calls <= short.laps * short.num_calls
