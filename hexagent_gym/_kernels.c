@@ -301,16 +301,22 @@ static void class_ready(Py_ssize_t K, const Py_ssize_t *mem, const Py_ssize_t *m
 }
 
 /* The best Δ over classes on one decode instance: min over k of max(ready[k] + xd[k], start)
- * + end, and whether it lowers *best (recording d in cols, the decode instances reaching it). */
-static inline void scan_column(Py_ssize_t K, const double *ready, const double *xd, double start,
-                               double end, Py_ssize_t d, double *best, Py_ssize_t *cols,
-                               Py_ssize_t *ncols) {
+ * + end. */
+static inline double column_value(Py_ssize_t K, const double *ready, const double *xd,
+                                  double start, double end) {
     double col = INFINITY;
     for (Py_ssize_t k = 0; k < K; k++) {
         double a = ready[k] + xd[k];
         double v = (a > start ? a : start) + end;
         if (v < col) col = v;
     }
+    return col;
+}
+
+/* Whether decode instance d's column value col lowers *best (then cols restarts at d) or
+ * reaches it (d joins cols, the decode instances reaching the best so far, in scan order). */
+static inline void take_column(double col, Py_ssize_t d, double *best, Py_ssize_t *cols,
+                               Py_ssize_t *ncols) {
     if (col < *best) {
         *best = col;
         cols[0] = d;
@@ -318,6 +324,12 @@ static inline void scan_column(Py_ssize_t K, const double *ready, const double *
     } else if (col == *best) {
         cols[(*ncols)++] = d;
     }
+}
+
+static inline void scan_column(Py_ssize_t K, const double *ready, const double *xd, double start,
+                               double end, Py_ssize_t d, double *best, Py_ssize_t *cols,
+                               Py_ssize_t *ncols) {
+    take_column(column_value(K, ready, xd, start, end), d, best, cols, ncols);
 }
 
 /* The pair np.argmin picks among those reaching best: the classes whose entry reaches it, then
@@ -988,10 +1000,19 @@ typedef struct {
     PyObject *xcols;   /* the calls' transfer columns, read into x on first use per (call, d) */
     char *xread;       /* n·D: x holds call i's row d */
     char *fresh;       /* D: bc, sl and room hold d's current terms */
-    double *ready, *starts, *ends, *fp, *seen_val;                     /* K, D, D, P, 2D */
+    double *ready, *starts, *ends, *seen_val;                          /* K, D, D, 2D */
     Py_ssize_t *cnt, *maxb, *kind, *scan, *cls, *mem, *mem_start, *cols, *plist, *reach;
     Py_ssize_t *seen_kind;
     char *picked;
+    /* Each slot's last answer, kept exact commit by commit (plan_slot): its column values over
+     * the scan (colv, n·D; inf where the call does not fit), its class ready times (rdy, n·K),
+     * its ready time per prefill instance (fpv, n·P), the number of commits it holds for (ver,
+     * n; -2: none) and its free_start (fsv, n). A commit changes one prefill instance's free
+     * time and one decode instance's terms, and may add that instance's idle twin to the
+     * scan: last_p, last_d and twin (-1: none). */
+    double *colv, *rdy, *fpv;
+    Py_ssize_t *ver, *oscan, commits, last_p, last_d, twin;
+    char *fsv;
     void *block;
 } Plan;
 
@@ -1009,42 +1030,54 @@ static void plan_scan(Plan *W) {
                          W->scan);
 }
 
+/* Slot i's transfer seconds to decode instance d, per class, read from its xcols into x. */
+static int plan_read_x(Plan *W, Py_ssize_t i, Py_ssize_t d) {
+    Py_ssize_t K = W->K;
+    PyObject *row = at(at(W->xcols, i), d);
+    if (!is_seq(row, "xcols[d]")) return -1;
+    if (Py_SIZE(row) != K) {
+        PyErr_SetString(PyExc_ValueError, "risk_plan: xcols rows need one entry per class");
+        return -1;
+    }
+    double *x = W->x + (i * W->D + d) * K;
+    for (Py_ssize_t k = 0; k < K; k++) x[k] = dat(row, k);
+    if (PyErr_Occurred()) return -1;
+    W->xread[i * W->D + d] = 1;
+    return 0;
+}
+
 /* pair_for_call over the plan's arrays for window slot i. Returns 1 with the pair, 0 when the
  * slot has no valid pair or its projection needs what the plan does not model (a decode limit
  * that binds: slow_start), -1 on error. */
 static int plan_pair(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, double *obest) {
     Py_ssize_t K = W->K, P = W->P;
     double now = W->now, weight = W->weight[i], own = W->own[i], kv = W->kv[i];
-    double kv_true = W->kvt[i], *fp = W->fp, *ready = W->ready;
+    double kv_true = W->kvt[i], *fp = W->fpv + i * P, *ready = W->ready;
     const double *pf = W->pf + i * P;
     double *x = W->x + i * W->D * K;
     char *xread = W->xread + i * W->D;
-    PyObject *xcall = at(W->xcols, i);
     int free_start = !W->any_full && kv <= W->slack;
+    double *colv = W->colv + i * W->D;
+    W->ver[i] = -2;
     for (Py_ssize_t p = 0; p < P; p++) fp[p] = W->free[p] + pf[p];
     class_ready(K, W->mem, W->mem_start, fp, ready);
     double best = INFINITY;
     Py_ssize_t ncols = 0;
     for (Py_ssize_t s = 0; s < W->nscan; s++) {
         Py_ssize_t d = W->scan[s];
-        if (kv_true > W->capacity[d]) continue;
-        if (!W->fresh[d] && plan_terms(W, d) < 0) return -1;
-        if (!xread[d]) {
-            PyObject *row = at(xcall, d);
-            if (!is_seq(row, "xcols[d]")) return -1;
-            if (Py_SIZE(row) != K) {
-                PyErr_SetString(PyExc_ValueError, "risk_plan: xcols rows need one entry per class");
-                return -1;
-            }
-            for (Py_ssize_t k = 0; k < K; k++) x[d * K + k] = dat(row, k);
-            if (PyErr_Occurred()) return -1;
-            xread[d] = 1;
+        if (kv_true > W->capacity[d]) {
+            colv[d] = INFINITY;
+            continue;
         }
+        if (!W->fresh[d] && plan_terms(W, d) < 0) return -1;
+        if (!xread[d] && plan_read_x(W, i, d) < 0) return -1;
         double start, end;
         int r = start_end(now, W->bc[d], W->sl[d], W->cap[d], W->room[d], W->cnt[d], W->maxb[d],
                           weight, own, kv, free_start, NULL, d, &start, &end);
         if (r != 0) return r < 0 ? -1 : 0; /* a binding limit (slow_start): not modelled */
-        scan_column(K, ready, x + d * K, start, end, d, &best, W->cols, &ncols);
+        double col = column_value(K, ready, x + d * K, start, end);
+        colv[d] = col;
+        take_column(col, d, &best, W->cols, &ncols);
         W->starts[d] = start;
         W->ends[d] = end;
     }
@@ -1053,6 +1086,74 @@ static int plan_pair(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
     if (resolve_ties(K, W->mem, W->mem_start, W->cls, fp, ready, x, W->cols, ncols, W->starts,
                      W->ends, best, W->reach, W->plist, op, od) < 0)
         return -1;
+    memcpy(W->rdy + i * K, ready, sizeof(double) * (size_t)K);
+    W->ver[i] = W->commits;
+    W->fsv[i] = (char)free_start;
+    return 1;
+}
+
+/* plan_pair for slot i from its answer one commit ago, when that answer is exact and the slot's
+ * free_start is unchanged: the commit (last_p, last_d) moved one prefill free time and one
+ * decode instance's terms, so unless the slot's ready time of last_p's class moved, only
+ * last_d's column (and the idle twin the scan gained, whose column is last_d's before the
+ * commit) can differ; the best and its ties come from the kept columns in scan order, exactly
+ * as plan_pair's scan finds them. Otherwise plan_pair. Same returns as plan_pair. */
+static int plan_slot(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, double *obest) {
+    double kv = W->kv[i];
+    int free_start = !W->any_full && kv <= W->slack;
+    if (W->ver[i] != W->commits - 1 || W->fsv[i] != free_start)
+        return plan_pair(W, i, op, od, obest);
+    Py_ssize_t K = W->K, P = W->P, D = W->D, ds = W->last_d, ks = W->cls[W->last_p];
+    const double *pf = W->pf + i * P;
+    double *ready = W->rdy + i * K, *colv = W->colv + i * D, *x = W->x + i * D * K;
+    double *fp = W->fpv + i * P;
+    char *xread = W->xread + i * D;
+    fp[W->last_p] = W->free[W->last_p] + pf[W->last_p];
+    Py_ssize_t j = W->mem_start[ks], stop = W->mem_start[ks + 1];
+    double r = fp[W->mem[j]]; /* class_ready for class ks */
+    for (j++; j < stop; j++) {
+        double v = fp[W->mem[j]];
+        if (v < r) r = v;
+    }
+    if (r != ready[ks]) return plan_pair(W, i, op, od, obest);
+    W->ver[i] = -2;
+    if (W->twin >= 0) {
+        Py_ssize_t t = W->twin;
+        colv[t] = colv[ds];
+        if (xread[ds]) {
+            memcpy(x + t * K, x + ds * K, sizeof(double) * (size_t)K);
+            xread[t] = 1;
+        }
+    }
+    double now = W->now, weight = W->weight[i], own = W->own[i], start, end;
+    if (!(W->kvt[i] > W->capacity[ds])) {
+        if (!W->fresh[ds] && plan_terms(W, ds) < 0) return -1;
+        if (!xread[ds] && plan_read_x(W, i, ds) < 0) return -1;
+        int rr = start_end(now, W->bc[ds], W->sl[ds], W->cap[ds], W->room[ds], W->cnt[ds],
+                           W->maxb[ds], weight, own, kv, free_start, NULL, ds, &start, &end);
+        if (rr != 0) return rr < 0 ? -1 : 0;
+        colv[ds] = column_value(K, ready, x + ds * K, start, end);
+    }
+    double best = INFINITY;
+    Py_ssize_t ncols = 0;
+    for (Py_ssize_t s = 0; s < W->nscan; s++) {
+        Py_ssize_t d = W->scan[s];
+        if (!(W->kvt[i] > W->capacity[d])) take_column(colv[d], d, &best, W->cols, &ncols);
+    }
+    *obest = best;
+    if (best == INFINITY) return 0;
+    for (Py_ssize_t c = 0; c < ncols; c++) { /* the tied columns' start and end, as resolved */
+        Py_ssize_t d = W->cols[c];
+        if (!W->fresh[d] && plan_terms(W, d) < 0) return -1;
+        int rr = start_end(now, W->bc[d], W->sl[d], W->cap[d], W->room[d], W->cnt[d],
+                           W->maxb[d], weight, own, kv, free_start, NULL, d, &W->starts[d],
+                           &W->ends[d]);
+        if (rr != 0) return rr < 0 ? -1 : 0;
+    }
+    if (resolve_ties(K, W->mem, W->mem_start, W->cls, fp, ready, x, W->cols, ncols,
+                     W->starts, W->ends, best, W->reach, W->plist, op, od) < 0)
+        return -1;
+    W->ver[i] = W->commits;
     return 1;
 }
 
@@ -1101,10 +1202,11 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
             PyErr_SetString(PyExc_ValueError, "risk_plan: per-call lists differ in length");
             return NULL;
         }
-    size_t nd = (size_t)(P + 8 * D + n * P + n * D * K + 8 * n + K + 2 * D + P + 2 * D);
-    size_t ni = (size_t)(4 * D + 2 * P + K + 1 + D + P + K + D);
+    size_t nd = (size_t)(P + 8 * D + n * P + n * D * K + 8 * n + K + 2 * D + 2 * D +
+                         n * D + n * K + n * P);
+    size_t ni = (size_t)(4 * D + 2 * P + K + 1 + D + P + K + D + n + D);
     W.block = PyMem_Malloc(sizeof(double) * nd + sizeof(Py_ssize_t) * ni +
-                           (size_t)(n + n * D + D) + 1);
+                           (size_t)(n + n * D + D + n) + 1);
     if (W.block == NULL) return PyErr_NoMemory();
     double *f = W.block;
     W.free = f, f += P;
@@ -1129,8 +1231,10 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
     W.ready = f, f += K;
     W.starts = f, f += D;
     W.ends = f, f += D;
-    W.fp = f, f += P;
     W.seen_val = f, f += 2 * D;
+    W.colv = f, f += n * D;
+    W.rdy = f, f += n * K;
+    W.fpv = f, f += n * P;
     Py_ssize_t *ix = (Py_ssize_t *)(W.block) + nd; /* doubles and Py_ssize_t are both 8 bytes */
     W.cnt = ix, ix += D;
     W.maxb = ix, ix += D;
@@ -1143,10 +1247,15 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
     W.plist = ix, ix += P;
     W.reach = ix, ix += K;
     W.seen_kind = ix, ix += D;
+    W.ver = ix, ix += n;
+    W.oscan = ix, ix += D;
     W.picked = (char *)ix;
     W.xread = W.picked + n;
     W.fresh = W.xread + n * D;
+    W.fsv = W.fresh + D;
     memset(W.xread, 0, (size_t)(n * D + D));
+    for (Py_ssize_t i = 0; i < n; i++) W.ver[i] = -2;
+    W.commits = 0, W.last_p = W.last_d = W.twin = -1;
     W.xcols = xcols;
     PyObject *out = NULL;
     for (Py_ssize_t p = 0; p < P; p++) {
@@ -1193,7 +1302,7 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
         if (remaining == 1) {
             for (Py_ssize_t i = 0; i < n; i++)
                 if (!W.picked[i]) slot = i;
-            int r = plan_pair(&W, slot, &p, &d, &best);
+            int r = plan_slot(&W, slot, &p, &d, &best);
             if (r < 0) goto fail;
             ok = r;
         } else {
@@ -1201,7 +1310,7 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
                 if (W.picked[i]) continue;
                 double b;
                 Py_ssize_t pi = 0, di = 0;
-                int r = plan_pair(&W, i, &pi, &di, &b);
+                int r = plan_slot(&W, i, &pi, &di, &b);
                 if (r < 0) goto fail;
                 if (r == 0 || W.h[i] == 0.0) {
                     ok = 0;
@@ -1234,7 +1343,20 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
         W.slack = s2 < W.slack ? s2 : W.slack;
         W.any_full = W.any_full || W.cnt[d] >= W.maxb[d];
         W.fresh[d] = 0;
-        if (was_idle) plan_scan(&W);
+        W.commits++, W.last_p = p, W.last_d = d, W.twin = -1;
+        if (was_idle) {
+            Py_ssize_t old = W.nscan, a = 0;
+            memcpy(W.oscan, W.scan, sizeof(Py_ssize_t) * (size_t)old);
+            plan_scan(&W);
+            /* the scan keeps every instance it had (d is busy now) and may gain d's first idle
+             * twin; anything else (not expected) and every slot's answer is recomputed */
+            for (Py_ssize_t b = 0; b < W.nscan; b++) {
+                if (a < old && W.oscan[a] == W.scan[b]) a++;
+                else if (W.twin < 0) W.twin = W.scan[b];
+                else W.commits++;
+            }
+            if (a != old) W.commits++;
+        }
         W.picked[slot] = 1;
         remaining--;
     }
