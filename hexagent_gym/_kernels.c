@@ -27,7 +27,25 @@ static inline double num(PyObject *o) {
 
 static inline double dat(PyObject *seq, Py_ssize_t i) { return num(at(seq, i)); }
 
-static inline Py_ssize_t iat(PyObject *seq, Py_ssize_t i) { return PyLong_AsSsize_t(at(seq, i)); }
+/* PyLong_AsSsize_t, reading an exact int of at most one digit directly: the counts and
+ * indices the kernels read per instance are such ints, and the API call costs several times
+ * the read. */
+static inline Py_ssize_t as_ssize(PyObject *o) {
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyLong_CheckExact(o) && PyUnstable_Long_IsCompact((PyLongObject *)o))
+        return PyUnstable_Long_CompactValue((PyLongObject *)o);
+#else
+    if (PyLong_CheckExact(o)) {
+        Py_ssize_t size = Py_SIZE(o);
+        if (size == 0) return 0;
+        if (size == 1) return (Py_ssize_t)((PyLongObject *)o)->ob_digit[0];
+        if (size == -1) return -(Py_ssize_t)((PyLongObject *)o)->ob_digit[0];
+    }
+#endif
+    return PyLong_AsSsize_t(o);
+}
+
+static inline Py_ssize_t iat(PyObject *seq, Py_ssize_t i) { return as_ssize(at(seq, i)); }
 
 static int is_seq(PyObject *o, const char *name) {
     if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) return 1;
@@ -603,7 +621,7 @@ static PyObject *decode_limits(PyObject *self, PyObject *const *args, Py_ssize_t
         if (!full) {
             PyObject *c = at(count, d), *m = at(top, d);
             if (PyLong_CheckExact(c) && PyLong_CheckExact(m))
-                full = PyLong_AsSsize_t(c) >= PyLong_AsSsize_t(m);
+                full = as_ssize(c) >= as_ssize(m);
             else
                 full = num(c) >= num(m);
         }
