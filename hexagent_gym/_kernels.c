@@ -270,9 +270,26 @@ static int decode_terms(const Shared *S, Py_ssize_t d, double weight, double own
                      weight, own_ctx, kv, free_start, S->slow_start, d, start, end);
 }
 
-/* A call's transfer columns xcols[d][k] into the D x K C array x (row-major), for the decode
- * instances the kernel reads (the scan's, or all when it is empty); -1 on failure. */
+/* Whether xcols is a call's transfer block (ClusterTables.transfer_block: D·K doubles, d-major,
+ * as bytes); -1 with a ValueError naming fn when it is bytes of another size. */
+static int is_block(PyObject *xcols, Py_ssize_t D, Py_ssize_t K, const char *fn) {
+    if (!PyBytes_CheckExact(xcols)) return 0;
+    if (PyBytes_GET_SIZE(xcols) == (Py_ssize_t)sizeof(double) * D * K) return 1;
+    PyErr_Format(PyExc_ValueError, "%s: a transfer block holds %zd bytes (D x K doubles), got %zd",
+                 fn, (Py_ssize_t)sizeof(double) * D * K, PyBytes_GET_SIZE(xcols));
+    return -1;
+}
+
+/* A call's transfer columns xcols[d][k] (a tuple or list of rows, or its transfer block) into
+ * the D x K C array x (row-major), for the decode instances the kernel reads (the scan's, or
+ * all when it is empty); -1 on failure. */
 static int read_xcols(const Shared *S, PyObject *xcols, double *x) {
+    int block = is_block(xcols, S->D, S->K, "xcols");
+    if (block < 0) return -1;
+    if (block) {
+        memcpy(x, PyBytes_AS_STRING(xcols), sizeof(double) * (size_t)(S->D * S->K));
+        return 0;
+    }
     if (!is_seq(xcols, "xcols")) return -1;
     if (Py_SIZE(xcols) != S->D) {
         PyErr_SetString(PyExc_ValueError, "xcols: one row per decode instance expected");
@@ -1048,10 +1065,18 @@ static void plan_scan(Plan *W) {
                          W->scan);
 }
 
-/* Slot i's transfer seconds to decode instance d, per class, read from its xcols into x. */
+/* Slot i's transfer seconds to decode instance d, per class, read from its xcols (rows, or its
+ * transfer block: risk_plan checked the sizes) into x. */
 static int plan_read_x(Plan *W, Py_ssize_t i, Py_ssize_t d) {
     Py_ssize_t K = W->K;
-    PyObject *row = at(at(W->xcols, i), d);
+    PyObject *xc = at(W->xcols, i);
+    if (PyBytes_CheckExact(xc)) {
+        memcpy(W->x + (i * W->D + d) * K, PyBytes_AS_STRING(xc) + sizeof(double) * d * K,
+               sizeof(double) * (size_t)K);
+        W->xread[i * W->D + d] = 1;
+        return 0;
+    }
+    PyObject *row = at(xc, d);
     if (!is_seq(row, "xcols[d]")) return -1;
     if (Py_SIZE(row) != K) {
         PyErr_SetString(PyExc_ValueError, "risk_plan: xcols rows need one entry per class");
@@ -1295,8 +1320,9 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_ssize_t remaining = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *pf = at(pfs, i), *xc = at(xcols, i);
-        if (!is_seq(pf, "pf") || !is_seq(xc, "xcols")) goto fail;
-        if (Py_SIZE(pf) != P || Py_SIZE(xc) != D) {
+        int block = is_block(xc, D, K, "risk_plan");
+        if (block < 0 || !is_seq(pf, "pf") || (!block && !is_seq(xc, "xcols"))) goto fail;
+        if (Py_SIZE(pf) != P || (!block && Py_SIZE(xc) != D)) {
             PyErr_SetString(PyExc_ValueError, "risk_plan: a call's pf or xcols has the wrong size");
             goto fail;
         }

@@ -76,6 +76,7 @@ class ClusterTables:
         self.spt_cls = self.s_per_token[self.pf_rep]
         self._class_sizes = [len(m) for m in self.pf_members]
         self._xcol_cache: dict[int, tuple[tuple[float, ...], ...]] = {}
+        self._xblock_cache: dict[int, bytes] = {}
         self._inf_grids: dict[int, np.ndarray] = {}
         self._xcol_cache_size = max(256, _XCOL_CACHE_FLOATS // (self.num_decode
                                                                * len(self.pf_models)))
@@ -207,6 +208,21 @@ class ClusterTables:
             hit = tuple(map(tuple, (self._xcol_setup
                                     + input_tokens * self._xcol_spt).tolist()))
             cache[input_tokens] = hit
+        return hit
+
+    def transfer_block(self, input_tokens: int) -> bytes:
+        """:meth:`transfer_cols` as the compiled kernels read them: D·K float64 values,
+        decode-instance-major, in one bytes object, cached (same floats: the same numpy
+        expression). Several times smaller than the tuples and contiguous, so a window's kernel
+        reads a call's columns with one copy instead of D·K float objects spread over memory.
+        Bounded like :meth:`transfer_cols`' cache."""
+        cache = self._xblock_cache
+        hit = cache.get(input_tokens)
+        if hit is None:
+            if len(cache) >= self._xcol_cache_size:
+                cache.clear()
+            hit = cache[input_tokens] = (self._xcol_setup
+                                         + input_tokens * self._xcol_spt).tobytes()
         return hit
 
     def decode_tau(self, count: np.ndarray, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -320,7 +320,7 @@ class DecisionPoint:
         """The window's per-call inputs of :meth:`PlanState.best_prefill_pairs`, built once."""
         if self._kin is None:
             state = self.state
-            xcols, constants = state.tables.transfer_cols, state.call_constants
+            xcols, constants = state.tables.transfer_block, state.call_constants
             cache_aware = self._cache_aware
             pfs, xs, weights, own_ctxs, kvs, kv_trues = kin = ([], [], [], [], [], [])
             for c in self.calls:  # one loop, not six comprehensions (each a frame in 3.11)

@@ -131,8 +131,8 @@ class Projections:
                            slots: list[int]) -> list[tuple[int, int, float]]:
         """:meth:`best_prefill_pair_one` of the window's calls ``slots`` in one compiled call
         (only with :mod:`hexagent_gym.kernels` built). ``inputs``: the window's per-call lists
-        (prefill seconds per instance, transfer columns, then :meth:`call_constants` as three
-        lists, then true KV demands), constant over the decision."""
+        (prefill seconds per instance, transfer blocks or columns, then :meth:`call_constants`
+        as three lists, then true KV demands), constant over the decision."""
         t = self.tables
         limits = self.limits()
         return kernels.best_prefill_pairs(

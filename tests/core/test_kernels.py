@@ -582,6 +582,12 @@ def test_compiled_risk_plan_by_hand_and_clear_errors():
             [[0.5], [0.5]], [((0.0,),), ((0.0,),)], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0],
             [1.0, 1.0], [1.0, 1.0], [0.0, -1.0], [10.0, 10.0], 50.0, False, [False, False]]
     assert fn(*args) == [(1, 0, 0, 1.5), (0, 0, 0, 2.0)]
+    blocks = list(args)  # the calls' transfer columns as ClusterTables.transfer_block's bytes
+    blocks[12] = [np.zeros(1).tobytes(), ((0.0,),)]
+    assert fn(*blocks) == fn(*args)
+    blocks[12] = [np.zeros(2).tobytes(), ((0.0,),)]
+    with pytest.raises(ValueError, match=r"transfer block holds 8 bytes \(D x K doubles\), got 16"):
+        fn(*blocks)
     picked = list(args)
     picked[22] = [False, True]  # call 1 already picked: only call 0 is left
     assert fn(*picked) == [(0, 0, 0, 1.5)]
@@ -737,6 +743,10 @@ def test_transfer_columns_equal_the_scalar_formula(cluster):
         assert cols == tuple(tuple(t.setup_list[p][d] + l_in * t.spt_list[p][d]
                                    for p in t.pf_rep) for d in range(t.num_decode))
         assert all(type(x) is float for row in cols for x in row)
+        # the kernels' form: the same floats, decode-instance-major, in one bytes object
+        block = t.transfer_block(l_in)
+        assert np.frombuffer(block).tolist() == [x for row in cols for x in row]
+        assert t.transfer_block(l_in) is block  # cached
 
 
 @pytest.mark.parametrize("build", [
