@@ -141,18 +141,17 @@ def bench_scaling(policy: str = "hexagent", trace: str = "bfcl_v3", load: float 
     The samples go round the rows (every row once, then again), so the rows' ratios compare
     samples timed minutes apart at most rather than a whole table apart: this machine's speed
     drifts by a third within minutes."""
-    envs, first, facts = [], [], []
+    envs, first, episode_calls, facts = [], [], [], []
     for cluster, n in rows:
         env = PDClusterEnv(cluster=cluster, trace=trace, num_workflows=n, load=load, seed=seed)
         t0 = time.perf_counter()
         result = env.rollout(policy)
         first.append(time.perf_counter() - t0)
         envs.append(env)
-        facts.append(result.num_calls)
+        episode_calls.append(result.num_calls)
         del result
-    window = max(facts)
-    laps = [-(-window // max(calls, 1)) for calls in facts]  # rollouts per sample
-    facts = []
+    window = max(episode_calls)
+    laps = [-(-window // max(calls, 1)) for calls in episode_calls]  # rollouts per sample
     again = [math.inf] * len(rows)
     for rep in range(max(repeat, 1)):
         for i, env in enumerate(envs):
