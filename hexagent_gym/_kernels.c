@@ -280,6 +280,19 @@ static int is_block(PyObject *xcols, Py_ssize_t D, Py_ssize_t K, const char *fn)
     return -1;
 }
 
+/* Row d of a call's transfer columns given as rows (a tuple or list per decode instance) into
+ * out[0..K); -1 on failure. */
+static int read_xrow(PyObject *rows, Py_ssize_t d, Py_ssize_t K, double *out) {
+    PyObject *row = at(rows, d);
+    if (!is_seq(row, "xcols[d]")) return -1;
+    if (Py_SIZE(row) != K) {
+        PyErr_SetString(PyExc_ValueError, "xcols: one entry per prefill class expected");
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < K; k++) out[k] = dat(row, k);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
 /* A call's transfer columns xcols[d][k] (a tuple or list of rows, or its transfer block) into
  * the D x K C array x (row-major), for the decode instances the kernel reads (the scan's, or
  * all when it is empty); -1 on failure. */
@@ -298,15 +311,9 @@ static int read_xcols(const Shared *S, PyObject *xcols, double *x) {
     Py_ssize_t nread = S->nscan ? S->nscan : S->D;
     for (Py_ssize_t j = 0; j < nread; j++) {
         Py_ssize_t d = S->nscan ? S->scan[j] : j;
-        PyObject *row = at(xcols, d);
-        if (!is_seq(row, "xcols[d]")) return -1;
-        if (Py_SIZE(row) != S->K) {
-            PyErr_SetString(PyExc_ValueError, "xcols: one entry per prefill class expected");
-            return -1;
-        }
-        for (Py_ssize_t k = 0; k < S->K; k++) x[d * S->K + k] = dat(row, k);
+        if (read_xrow(xcols, d, S->K, x + d * S->K) < 0) return -1;
     }
-    return PyErr_Occurred() ? -1 : 0;
+    return 0;
 }
 
 /* A call's prefill seconds per instance added to Ŝ's free times: fp[p] = free[p] + pf[p]. */
@@ -1070,23 +1077,23 @@ static void plan_scan(Plan *W) {
 static int plan_read_x(Plan *W, Py_ssize_t i, Py_ssize_t d) {
     Py_ssize_t K = W->K;
     PyObject *xc = at(W->xcols, i);
-    if (PyBytes_CheckExact(xc)) {
-        memcpy(W->x + (i * W->D + d) * K, PyBytes_AS_STRING(xc) + sizeof(double) * d * K,
-               sizeof(double) * (size_t)K);
-        W->xread[i * W->D + d] = 1;
-        return 0;
-    }
-    PyObject *row = at(xc, d);
-    if (!is_seq(row, "xcols[d]")) return -1;
-    if (Py_SIZE(row) != K) {
-        PyErr_SetString(PyExc_ValueError, "risk_plan: xcols rows need one entry per class");
-        return -1;
-    }
     double *x = W->x + (i * W->D + d) * K;
-    for (Py_ssize_t k = 0; k < K; k++) x[k] = dat(row, k);
-    if (PyErr_Occurred()) return -1;
+    if (PyBytes_CheckExact(xc))
+        memcpy(x, PyBytes_AS_STRING(xc) + sizeof(double) * d * K, sizeof(double) * (size_t)K);
+    else if (read_xrow(xc, d, K, x) < 0)
+        return -1;
     W->xread[i * W->D + d] = 1;
     return 0;
+}
+
+/* start_end for slot i on decode instance d under the plan (d's terms refreshed first if a
+ * commit changed them): 0 with *start and *end, 1 where a decode limit binds (not modelled),
+ * -1 on error. */
+static inline int plan_start_end(Plan *W, Py_ssize_t i, Py_ssize_t d, int free_start, double *start,
+                                 double *end) {
+    if (!W->fresh[d] && plan_terms(W, d) < 0) return -1;
+    return start_end(W->now, W->bc[d], W->sl[d], W->cap[d], W->room[d], W->cnt[d], W->maxb[d],
+                     W->weight[i], W->own[i], W->kv[i], free_start, NULL, d, start, end);
 }
 
 /* pair_for_call over the plan's arrays for window slot i. Returns 1 with the pair, 0 when the
@@ -1094,12 +1101,11 @@ static int plan_read_x(Plan *W, Py_ssize_t i, Py_ssize_t d) {
  * that binds: slow_start), -1 on error. */
 static int plan_pair(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, double *obest) {
     Py_ssize_t K = W->K, P = W->P;
-    double now = W->now, weight = W->weight[i], own = W->own[i], kv = W->kv[i];
     double kv_true = W->kvt[i], *fp = W->fpv + i * P, *ready = W->ready;
     const double *pf = W->pf + i * P;
     double *x = W->x + i * W->D * K;
     char *xread = W->xread + i * W->D;
-    int free_start = !W->any_full && kv <= W->slack;
+    int free_start = !W->any_full && W->kv[i] <= W->slack;
     double *colv = W->colv + i * W->D;
     W->ver[i] = -2;
     for (Py_ssize_t p = 0; p < P; p++) fp[p] = W->free[p] + pf[p];
@@ -1112,11 +1118,9 @@ static int plan_pair(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
             colv[d] = INFINITY;
             continue;
         }
-        if (!W->fresh[d] && plan_terms(W, d) < 0) return -1;
         if (!xread[d] && plan_read_x(W, i, d) < 0) return -1;
         double start, end;
-        int r = start_end(now, W->bc[d], W->sl[d], W->cap[d], W->room[d], W->cnt[d], W->maxb[d],
-                          weight, own, kv, free_start, NULL, d, &start, &end);
+        int r = plan_start_end(W, i, d, free_start, &start, &end);
         if (r != 0) return r < 0 ? -1 : 0; /* a binding limit (slow_start): not modelled */
         double col = column_value(K, ready, x + d * K, start, end);
         colv[d] = col;
@@ -1142,8 +1146,7 @@ static int plan_pair(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
  * commit) can differ; the best and its ties come from the kept columns in scan order, exactly
  * as plan_pair's scan finds them. Otherwise plan_pair. Same returns as plan_pair. */
 static int plan_slot(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, double *obest) {
-    double kv = W->kv[i];
-    int free_start = !W->any_full && kv <= W->slack;
+    int free_start = !W->any_full && W->kv[i] <= W->slack;
     if (W->ver[i] != W->commits - 1 || W->fsv[i] != free_start)
         return plan_pair(W, i, op, od, obest);
     Py_ssize_t K = W->K, P = W->P, D = W->D, ds = W->last_d, ks = W->cls[W->last_p];
@@ -1168,12 +1171,10 @@ static int plan_slot(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
             xread[t] = 1;
         }
     }
-    double now = W->now, weight = W->weight[i], own = W->own[i], start, end;
     if (!(W->kvt[i] > W->capacity[ds])) {
-        if (!W->fresh[ds] && plan_terms(W, ds) < 0) return -1;
+        double start, end;
         if (!xread[ds] && plan_read_x(W, i, ds) < 0) return -1;
-        int rr = start_end(now, W->bc[ds], W->sl[ds], W->cap[ds], W->room[ds], W->cnt[ds],
-                           W->maxb[ds], weight, own, kv, free_start, NULL, ds, &start, &end);
+        int rr = plan_start_end(W, i, ds, free_start, &start, &end);
         if (rr != 0) return rr < 0 ? -1 : 0;
         colv[ds] = column_value(K, ready, x + ds * K, start, end);
     }
@@ -1187,10 +1188,7 @@ static int plan_slot(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
     if (best == INFINITY) return 0;
     for (Py_ssize_t c = 0; c < ncols; c++) { /* the tied columns' start and end, as resolved */
         Py_ssize_t d = W->cols[c];
-        if (!W->fresh[d] && plan_terms(W, d) < 0) return -1;
-        int rr = start_end(now, W->bc[d], W->sl[d], W->cap[d], W->room[d], W->cnt[d],
-                           W->maxb[d], weight, own, kv, free_start, NULL, d, &W->starts[d],
-                           &W->ends[d]);
+        int rr = plan_start_end(W, i, d, free_start, &W->starts[d], &W->ends[d]);
         if (rr != 0) return rr < 0 ? -1 : 0;
     }
     if (resolve_ties(K, W->mem, W->mem_start, W->cls, fp, ready, x, W->cols, ncols,

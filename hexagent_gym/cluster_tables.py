@@ -203,11 +203,8 @@ class ClusterTables:
         if hit is None:
             if len(cache) >= self._xcol_cache_size:
                 cache.clear()
-            # numpy's elementwise multiply then add: the same two IEEE operations per entry
-            # as the scalar setup[p][d] + L * spt[p][d]
-            hit = tuple(map(tuple, (self._xcol_setup
-                                    + input_tokens * self._xcol_spt).tolist()))
-            cache[input_tokens] = hit
+            hit = cache[input_tokens] = tuple(map(tuple, self._transfer_seconds(
+                input_tokens).tolist()))
         return hit
 
     def transfer_block(self, input_tokens: int) -> bytes:
@@ -221,9 +218,14 @@ class ClusterTables:
         if hit is None:
             if len(cache) >= self._xcol_cache_size:
                 cache.clear()
-            hit = cache[input_tokens] = (self._xcol_setup
-                                         + input_tokens * self._xcol_spt).tobytes()
+            hit = cache[input_tokens] = self._transfer_seconds(input_tokens).tobytes()
         return hit
+
+    def _transfer_seconds(self, input_tokens: int) -> np.ndarray:
+        """(D, K) float64, C order: a prompt's KV-transfer seconds per (decode instance, prefill
+        class). numpy's elementwise multiply then add: the same two IEEE operations per entry
+        as the scalar ``setup[p][d] + L * spt[p][d]``."""
+        return self._xcol_setup + input_tokens * self._xcol_spt
 
     def decode_tau(self, count: np.ndarray, ctx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per-token step time (base, per-context-token slope) of each decode instance when one
