@@ -183,6 +183,7 @@ typedef struct {
     double *cap;       /* D: the capacity of dec_static (the start test's) */
     double *room;      /* D: cap - tokens[d] */
     double *capacity;  /* D: capacity (the fit test's) */
+    double *tok;       /* D: tokens[d] */
     Py_ssize_t *cnt, *maxb, *scan, *cls, *mem, *mem_start; /* D, D, nscan, P, P, K + 1 */
     void *block;
 } Shared;
@@ -224,7 +225,7 @@ static int shared_from(Shared *S, PyObject *const *args, const char *fn) {
     }
     double *f = S->block;
     S->free = f, S->bc = f + P, S->sl = f + P + D, S->cap = f + P + 2 * D;
-    S->room = f + P + 3 * D, S->capacity = f + P + 4 * D;
+    S->room = f + P + 3 * D, S->capacity = f + P + 4 * D, S->tok = f + P + 5 * D;
     Py_ssize_t *ix = (Py_ssize_t *)(f + nd);
     S->cnt = ix, S->maxb = ix + D, S->scan = ix + 2 * D, S->cls = ix + 2 * D + nscan;
     S->mem = S->cls + P, S->mem_start = S->mem + P;
@@ -250,7 +251,8 @@ static int shared_from(Shared *S, PyObject *const *args, const char *fn) {
         Py_ssize_t n = iat(count, d);
         if (row_terms(row, n, top, dat(ctx, d), &S->bc[d], &S->sl[d]) < 0) goto fail;
         S->cap[d] = dat(row, 0);
-        S->room[d] = S->cap[d] - dat(tokens, d);
+        S->tok[d] = dat(tokens, d);
+        S->room[d] = S->cap[d] - S->tok[d];
         S->capacity[d] = dat(capacity, d);
         S->cnt[d] = n;
         S->maxb[d] = iat(row, 1);
@@ -468,13 +470,33 @@ typedef struct {
     double slack;
     int any_full;
     Py_ssize_t n, m;
+    int derive;
 } Window;
+
+/* PlanState.limits (the smallest capacity - tokens, whether any batch is full) from what S
+ * read: every decode instance, or the scan's. That is enough: an instance the scan leaves out
+ * is idle with a twin in it of the same capacity and tokens (so the same slack) and an empty
+ * batch. Kernels derive them when passed None: a pass over Ŝ's lists of their own (the
+ * decode_limits kernel) costs more than the decision's other reads at 64 decode instances. */
+static void shared_limits(const Shared *S, double *slack, int *any_full) {
+    Py_ssize_t nread = S->nscan ? S->nscan : S->D;
+    double low = INFINITY;
+    int full = 0;
+    for (Py_ssize_t j = 0; j < nread; j++) {
+        Py_ssize_t d = S->nscan ? S->scan[j] : j;
+        double room = S->capacity[d] - S->tok[d]; /* as decode_limits */
+        if (j == 0 || room < low) low = room;
+        full |= S->cnt[d] >= S->maxb[d];
+    }
+    *slack = low, *any_full = full;
+}
 
 static int window_from(Window *w, PyObject *const *args, const char *fn) {
     w->pfs = args[12], w->xcols = args[13], w->weights = args[14], w->own = args[15];
     w->kvs = args[16], w->kv_trues = args[17], w->slots = args[20];
-    w->slack = num(args[18]);
-    w->any_full = PyObject_IsTrue(args[19]);
+    w->derive = args[18] == Py_None; /* the limits are derived from Ŝ (shared_limits) */
+    w->slack = w->derive ? 0.0 : num(args[18]);
+    w->any_full = w->derive ? 0 : PyObject_IsTrue(args[19]);
     if (PyErr_Occurred() || w->any_full < 0) return -1;
     if (!is_seq(w->pfs, "pfs") || !is_seq(w->xcols, "xcols") || !is_seq(w->weights, "weights") ||
         !is_seq(w->own, "own_ctxs") || !is_seq(w->kvs, "kvs") ||
@@ -494,7 +516,7 @@ static int window_from(Window *w, PyObject *const *args, const char *fn) {
  *                    batch_top, capacity, slow_start, pfs, xcols, weights, own_ctxs, kvs,
  *                    kv_trues, slack, any_full, slots) -> [(p, d, delta), ...]
  * Projections.best_prefill_pair_one_python for each call i in slots (per-call lists indexed by
- * i), under one Ŝ:
+ * i), under one Ŝ (slack None: the limits are derived, shared_limits):
  * call i's start is free when no batch is full and its demand kvs[i] fits in the smallest
  * slack (Projections._decode_inputs). */
 static PyObject *best_prefill_pairs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -508,6 +530,7 @@ static PyObject *best_prefill_pairs(PyObject *self, PyObject *const *args, Py_ss
     Py_ssize_t n = w.n, m = w.m;
     Shared S;
     if (shared_from(&S, args, "best_prefill_pairs") < 0) return NULL;
+    if (w.derive) shared_limits(&S, &slack, &any_full);
     double *buf = NULL;
     Py_ssize_t *ibuf = NULL;
     PyObject *out = NULL;
@@ -570,6 +593,7 @@ static PyObject *prefill_grid(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyBuffer_Release(&view);
         return NULL;
     }
+    if (w.derive) shared_limits(&S, &slack, &any_full);
     Py_ssize_t P = S.P, D = S.D, K = S.K;
     double *buf = NULL;
     if (view.itemsize != (Py_ssize_t)sizeof(double) || view.format == NULL ||
@@ -1207,7 +1231,8 @@ static int plan_slot(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
  * then PlanState.commit's update of Ŝ (the prefill free time, the decode lists, the limits, the
  * scan). It stops early, returning the picks so far, where an exact answer needs what it does
  * not model: a decode limit that binds (the slow-start releases), a slot without a valid pair,
- * or a zero horizon or NaN risk. */
+ * or a zero horizon or NaN risk. slack None: the limits (PlanState.limits) are derived from
+ * the decode lists. */
 static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (!arity(nargs, 23, "risk_plan")) return NULL;
     PyObject *free = args[1], *members = args[2], *cls = args[3], *kind = args[4];
@@ -1219,8 +1244,9 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
     W.block = NULL;
     W.now = num(args[0]);
     W.top = PyLong_AsSsize_t(args[9]);
-    W.slack = num(args[20]);
-    W.any_full = PyObject_IsTrue(args[21]);
+    int derive = args[20] == Py_None; /* the limits are derived from Ŝ's lists (below) */
+    W.slack = derive ? 0.0 : num(args[20]);
+    W.any_full = derive ? 0 : PyObject_IsTrue(args[21]);
     W.dec_static = dec_static;
     if (PyErr_Occurred() || W.any_full < 0) return NULL;
     PyObject *seqs[] = {free, members, cls, kind, count, ctx, tokens, dec_static, capacity, pfs,
@@ -1314,6 +1340,11 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
         W.cap[d] = dat(row, 0);
         W.maxb[d] = iat(row, 1);
         W.capacity[d] = dat(capacity, d);
+        if (derive) { /* PlanState.limits, as decode_limits computes them */
+            double room = W.capacity[d] - W.tokens[d];
+            if (d == 0 || room < W.slack) W.slack = room;
+            W.any_full |= W.cnt[d] >= W.maxb[d];
+        }
     }
     Py_ssize_t remaining = 0;
     for (Py_ssize_t i = 0; i < n; i++) {

@@ -290,7 +290,7 @@ class DecisionPoint:
             return []
         state, calls = self.state, self.calls
         t = state.tables
-        limits = state.limits()
+        limits = state.kernel_limits()
         plan = kernels.risk_plan(
             state.now, state.free_l, t.pf_members, t.pf_class_list, t.dec_kind,
             state.dec_count_l, state.dec_ctx_l, state.dec_tokens_l, t.dec_static, t.batch_top,

@@ -133,6 +133,13 @@ class PlanState(Projections):
             limits = self._limits = self._decode_limits()
         return limits
 
+    def kernel_limits(self) -> tuple[float, bool] | tuple[None, None]:
+        """:meth:`limits` for a compiled kernel: as built, else ``(None, None)``, which lets the
+        kernel derive them (same floats) from the decode lists it reads anyway, instead of a
+        pass over every decode instance of its own (Ŝ keeps them unbuilt: a later
+        :meth:`limits` builds the same values from the lists the commits kept current)."""
+        return self._limits or _DERIVED_LIMITS
+
     def _decode_limits(self) -> tuple[float, bool]:
         """(smallest KV slack over the decode instances, whether any batch is full): the test
         that no decode limit can bind, kept current by commits (they only shrink the slack and
@@ -281,6 +288,9 @@ class PlanState(Projections):
         rel.sort()
         self._releases[d] = rel
         return rel
+
+
+_DERIVED_LIMITS = (None, None)
 
 
 def decode_limits_python(capacity: list[float], tokens: list[float], count: list[int],

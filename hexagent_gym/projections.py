@@ -134,7 +134,7 @@ class Projections:
         (prefill seconds per instance, transfer blocks or columns, then :meth:`call_constants`
         as three lists, then true KV demands), constant over the decision."""
         t = self.tables
-        limits = self.limits()
+        limits = self.kernel_limits()
         return kernels.best_prefill_pairs(
             self.now, self.free_l, t.pf_members, t.pf_class_list, self.decode_scan(),
             self.dec_count_l, self.dec_ctx_l, self.dec_tokens_l, t.dec_static, t.batch_top,
@@ -147,7 +147,7 @@ class Projections:
         :mod:`hexagent_gym.kernels` built); the other rows are left as they are. ``inputs``: as
         :meth:`best_prefill_pairs`'."""
         t = self.tables
-        limits = self.limits()
+        limits = self.kernel_limits()
         kernels.prefill_grid(
             self.now, self.free_l, t.pf_members, t.pf_class_list, (), self.dec_count_l,
             self.dec_ctx_l, self.dec_tokens_l, t.dec_static, t.batch_top, t.dec_capacity,

@@ -232,6 +232,49 @@ def _prefill_picks(build):
 
 
 @pytest.mark.parametrize("build", [
+    tight_memory_simulator,
+    lambda: EpisodeFactory(EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3",
+                                         num_workflows=200, load=1.2, seed=3)).simulator(),
+], ids=["tight-memory", "hetero-1-x4"])
+def test_kernels_derive_the_limits_they_are_passed_as_none(build):
+    """Passed (None, None) for the decode limits, the window kernels and risk_plan derive
+    PlanState.limits from Ŝ's lists themselves (the pairs' kernels from the scan's instances
+    only): the same answers as with the limits given, before every prefill pick, where
+    reservations bind and batches fill (tight memory) and where idle twins sit out of the scan."""
+    kernels.use_compiled(True)
+    compiled = kernels._compiled
+    checked = binding = 0
+    for dp in _prefill_picks(build):
+        st, t = dp.state, dp.state.tables
+        assert st.kernel_limits() in ((None, None), st._limits)
+        limits = st.limits()
+        slots = dp.remaining
+        head = (st.now, st.free_l, t.pf_members, t.pf_class_list)
+        lists = (st.dec_count_l, st.dec_ctx_l, st.dec_tokens_l, t.dec_static, t.batch_top,
+                 t.dec_capacity, st.slow_start, *dp._kernel_inputs())
+
+        for scan in (st.decode_scan(), list(range(dp.num_decode))):
+            assert (compiled.best_prefill_pairs(*head, scan, *lists, None, None, slots)
+                    == compiled.best_prefill_pairs(*head, scan, *lists, *limits, slots))
+        grids = [np.full((len(dp.calls), dp.num_prefill, dp.num_decode), np.inf)
+                 for _ in range(2)]
+        compiled.prefill_grid(*head, (), *lists, None, None, slots, grids[0])
+        compiled.prefill_grid(*head, (), *lists, *limits, slots, grids[1])
+        assert grids[0].tobytes() == grids[1].tobytes()
+        plan_args = (*head, t.dec_kind, st.dec_count_l, st.dec_ctx_l, st.dec_tokens_l,
+                     t.dec_static, t.batch_top, t.dec_capacity, *dp._kernel_inputs(),
+                     [c.ctx_share for c in dp.calls], [c.workflow.arrival for c in dp.calls],
+                     [c.workflow.h_est for c in dp.calls])
+        assert (compiled.risk_plan(*plan_args, None, None, dp.picked)
+                == compiled.risk_plan(*plan_args, *limits, dp.picked))
+        checked += 1
+        binding += limits[1] or limits[0] < max(c.kv_pred for c in dp.calls)
+    assert checked > 20
+    if build is tight_memory_simulator:
+        assert binding > 0
+
+
+@pytest.mark.parametrize("build", [
     *[lambda c=c: EpisodeFactory(EpisodeConfig(**c, seed=1)).simulator() for c in EPISODES],
     tight_memory_simulator,
 ], ids=[f"{c['cluster']}-{c['trace']}" for c in EPISODES] + ["tight-memory"])
@@ -597,6 +640,11 @@ def test_compiled_risk_plan_by_hand_and_clear_errors():
     spare = list(args)
     spare[21] = True  # some batch is full, but not d's and d has room: the plan goes on
     assert fn(*spare) == fn(*args)
+    derived = list(full)
+    derived[20] = derived[21] = None  # derived from the lists: 100 - 0 = 100 and d's batch full
+    assert fn(*derived) == []
+    derived[5] = [0]  # d's batch empty again: the derived limits bind nothing, as 50.0 / False
+    assert fn(*derived) == fn(*args)
     with pytest.raises(TypeError, match="takes 23 arguments"):
         fn(0.0)
     short = list(args)
