@@ -91,6 +91,17 @@ class HexAgentPolicy(BasePolicy):
         p, d, _ = dp.best_pair(slot)
         return slot, p, d
 
+    def decide(self, dp: DecisionPoint) -> None:
+        """Make the decision's first pick, then the rest of the compiled ranking it computed
+        in one call (``dp.follow_plan``): the picks :meth:`pick` returns one by one (the
+        simulator asks :meth:`pick` for any calls left). A subclass with its own ``pick``
+        (another placement or lookahead) is left to it: its picks may leave the plan anywhere.
+        """
+        if type(self).pick is not HexAgentPolicy.pick:
+            return
+        dp.pick(*self.pick(dp))
+        dp.follow_plan()
+
     def _ahead_pick(self, dp: DecisionPoint) -> tuple[int, int, int] | None:
         """This pick from the compiled twin of this policy's ranking (``dp.risk_plan``, asked
         once per decision at its first pick) while every pick made so far followed it; None:

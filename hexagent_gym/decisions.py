@@ -307,6 +307,37 @@ class DecisionPoint:
         ahead = self._ahead
         return ahead[k] if k < len(ahead) else None
 
+    def follow_plan(self) -> int:
+        """Make every remaining pick of the last :meth:`risk_plan` at once, while every pick
+        since followed it; return how many were made (0: none left, or a pick left the plan).
+
+        The same picks, Δs and Ŝ as calling :meth:`pick` with each :meth:`planned_pick` in
+        turn, without the per-pick checks (the plan is valid by construction, see
+        :meth:`pick`): a policy that follows its computed ranking answers a decision in one
+        call (``agents.hexagent``'s ``decide``)."""
+        ahead = self._ahead
+        k = len(self.plan) - self._ahead_from
+        if k >= len(ahead):
+            return 0
+        rest = ahead[k:]
+        calls, picked, plan = self.calls, self.picked, self.plan
+        delta = self._delta  # built before the first of them: that pick takes its entry (pick)
+        cache_aware = self._cache_aware
+        commit = self.state.commit
+        for slot, p, d, value in rest:
+            call = calls[slot]
+            if delta is not None:
+                value = delta.item(slot, p, d)
+                delta = None  # each commit moves Ŝ: later picks take the plan's exact Δ
+            commit(call, p, d, value, True, (call.pf_est if cache_aware else call.pf_cold)[p])
+            plan.append((call, p, d, value))
+            picked[slot] = True
+        self._remaining -= len(rest)
+        self._delta = self._reduced = self._min = self._last = None
+        if self._pairs:
+            self._pairs = {}
+        return len(rest)
+
     def _compiled_pairs(self) -> None:
         """Fill :meth:`_scalar_pair`'s cache for every unpicked slot in one compiled call."""
         pairs = self._pairs
@@ -386,6 +417,28 @@ class DecisionPoint:
                 placement for it (out of range, cannot hold its KV, or not its locked pair).
         """
         calls = self.calls
+        ahead = self._ahead
+        if ahead:
+            k = len(self.plan) - self._ahead_from
+            if k < len(ahead):
+                planned = ahead[k]
+                if planned[0] == slot and planned[1] == p and planned[2] == d:
+                    # The computed plan's next pick (planned_pick): valid by construction, as
+                    # risk_plan emits only unpicked slots with a finite Δ on instances of the
+                    # cluster, at the prefill stage. Same commit as below, without the checks.
+                    call = calls[slot]
+                    # Δ as below: the tensor's entry once it is built, else the plan's exact Δ
+                    delta = self._delta
+                    value = planned[3] if delta is None else delta.item(slot, p, d)
+                    self.state.commit(call, p, d, value, True,
+                                      (call.pf_est if self._cache_aware else call.pf_cold)[p])
+                    self.plan.append((call, p, d, value))
+                    self.picked[slot] = True
+                    self._remaining -= 1
+                    self._delta = self._reduced = self._min = self._last = None
+                    if self._pairs:
+                        self._pairs = {}
+                    return
         n = len(calls)
         if not 0 <= slot < n:
             raise ValueError(f"call slot {slot} is out of range: this decision has {n} calls "
@@ -410,19 +463,7 @@ class DecisionPoint:
                 raise ValueError(f"call slot {slot} may move to another decode instance but its "
                                  f"KV comes from prefill instance {call.prefill_inst}, got p={p}")
         delta = self._delta
-        ahead = self._ahead
-        follows = False  # this pick is the computed plan's next one (planned_pick, inlined)
-        if ahead:
-            k = len(self.plan) - self._ahead_from
-            if k < len(ahead):
-                planned = ahead[k]
-                follows = planned[0] == slot and planned[1] == p and planned[2] == d
-        if delta is not None:
-            value = delta.item(slot, p, d)
-        elif follows:
-            value = planned[3]  # as _delta_at: the plan's exact Δ
-        else:
-            value = self._delta_at(slot, p, d)
+        value = delta.item(slot, p, d) if delta is not None else self._delta_at(slot, p, d)
         if not math.isfinite(value):  # a float: math's test, not numpy's scalar machinery
             if not prefill and d != call.decode_inst:
                 raise ValueError(f"call slot {slot} cannot move to decode instance {d} now: a "
@@ -438,8 +479,8 @@ class DecisionPoint:
             state.commit(call, p, d, value, True, pf)
         else:
             state.commit(call, p, d, value, False, None)
-        if ahead and not follows:  # a pick off the computed plan makes the rest of it stale
-            self._ahead = []
+        if ahead:  # a pick off the computed plan (a following one returned above) makes the
+            self._ahead = []  # rest of it stale
         self.plan.append((call, p, d, value))
         picked[slot] = True
         self._remaining -= 1

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from hexagent_gym.cluster import ClusterSpec
 
 PickFn = Callable[[DecisionPoint], tuple[int, int, int]]
+DecideFn = Callable[[DecisionPoint], object]  # makes some of a decision's picks (Engine.run)
 # Enum members as module constants: CPython 3.11 reads `Stage.X` through EnumType's slow
 # attribute hook (about 80 ns each), and these run several times per env step.
 _CALLSTATE_DONE = CallState.DONE
@@ -234,11 +235,18 @@ class Engine(InstanceFlow, PlanFlow):
         assert self.done, "event queue drained with unfinished workflows"
         return None
 
-    def run(self, pick: PickFn | None = None, policy_name: str = "") -> EpisodeResult:
-        """Run the episode to the end; ``pick`` answers each decision (default: the fallback)."""
+    def run(self, pick: PickFn | None = None, policy_name: str = "",
+            decide: DecideFn | None = None) -> EpisodeResult:
+        """Run the episode to the end; ``pick`` answers each decision (default: the fallback).
+
+        ``decide``, when given, is called first at every decision point and may make any
+        number of its picks itself (a policy answering a whole decision at once); ``pick``
+        answers the calls it leaves."""
         pick = pick or earliest_finish_pick
         dp = self.run_until_decision()
         while dp is not None:
+            if decide is not None:
+                decide(dp)
             while not dp.done:
                 dp.pick(*pick(dp))
             dp = self.run_until_decision()

@@ -36,6 +36,10 @@ class Policy(Protocol):
     def pick(self, dp: DecisionPoint) -> tuple[int, int, int]:
         """Return (call slot, prefill instance, decode instance) for the next-ranked call."""
 
+    # Optional: ``decide(dp)``, called first at every decision point by :func:`run_policy`,
+    # may make picks itself (``dp.pick``) — e.g. a whole computed ranking at once — and
+    # ``pick`` answers the calls it leaves. It must pick exactly what ``pick`` would have.
+
 
 PLUGIN_GROUP = "hexagent_gym.plugins"
 _POLICIES = Registry("policy")
@@ -119,4 +123,4 @@ def make_env(name: str, *args: Any, **kwargs: Any) -> Any:
 def run_policy(sim: Simulator, policy: Policy) -> EpisodeResult:
     """Run one whole episode on the bare simulator with ``policy`` answering every decision."""
     policy.reset(sim)
-    return sim.run(policy.pick, policy_name=policy.name)
+    return sim.run(policy.pick, policy_name=policy.name, decide=getattr(policy, "decide", None))

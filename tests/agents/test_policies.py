@@ -231,3 +231,116 @@ def test_a_call_moves_at_most_once():
     moved = [c for w in sim.workflows for c in w.calls if c.moved]
     assert 0 < res.decode_moves == len(moved) <= 24
     assert seen_locked and all(seen_locked)  # a moved call waits locked to its new instance
+
+
+def _picks_of(sim, run) -> list:
+    """Every pick of ``sim``'s episode as (call uid, p, d, Δ), in order, after ``run(sim)``."""
+    plans = []
+    close = sim._close_decision
+
+    def record(dp):
+        plans.extend((c.uid, p, d, delta) for c, p, d, delta in dp.plan)
+        close(dp)
+
+    sim._close_decision = record
+    result = run(sim)
+    return plans, result.ratios.tolist()
+
+
+@pytest.mark.parametrize("name", ["hexagent", "hexagent-lb"])
+def test_decide_makes_exactly_the_picks_that_pick_makes(name):
+    """run_policy lets HexAgent answer a decision in one call (pick, then ``dp.follow_plan``);
+    the episode is the one ``pick`` makes alone, pick for pick (Δ included). A subclass with
+    its own placement (hexagent-lb) leaves the plan at once: its ``decide`` picks nothing."""
+    from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+
+    factory = EpisodeFactory(EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3",
+                                           num_workflows=200, load=1.2, seed=3))
+    policy = make_policy(name)
+    batched = _picks_of(factory.simulator(), lambda sim: run_policy(sim, policy))
+    sim = factory.simulator()
+    policy.reset(sim)
+    one_by_one = _picks_of(sim, lambda s: s.run(policy.pick))  # no decide: pick by pick
+    assert batched == one_by_one
+    sim = factory.simulator()
+    policy.reset(sim)
+    made = []  # (calls, picks made by decide) per decision
+
+    def deciding(dp):
+        policy.decide(dp)
+        made.append((len(dp.calls), len(dp.plan)))
+
+    sim.run(policy.pick, decide=deciding)
+    if name == "hexagent":  # many multi-call decisions answered whole in one call
+        assert sum(n > 1 and m == n for n, m in made) > 50
+    else:
+        assert all(m == 0 for _, m in made) and sum(n > 1 for n, _ in made) > 5
+
+
+def _state_lists(dp) -> tuple:
+    st = dp.state
+    return (st.free_l, st.pf_tokens_l, st.dec_tokens_l, st.dec_count_l, st.dec_ctx_l,
+            st._pick_log, st.kernel_limits(), st.decode_scan())
+
+
+def test_follow_plan_makes_the_plans_rest_and_nothing_after_a_pick_off_it():
+    """follow_plan leaves the decision and Ŝ exactly as picking the plan's rest one by one
+    does; with no plan, or after a pick off it, it picks nothing."""
+    from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+
+    factory = EpisodeFactory(EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3",
+                                           num_workflows=200, load=1.2, seed=3))
+    hexagent = make_policy("hexagent")
+
+    def decision(sim, at_least):
+        dp = sim.run_until_decision()
+        while not (dp.stage == Stage.PREFILL and len(dp.calls) >= at_least):
+            while not dp.done:
+                dp.pick(*hexagent.pick(dp))
+            dp = sim.run_until_decision()
+        return dp
+
+    hexagent.reset(sim := factory.simulator())
+    dp = decision(sim, 4)
+    assert dp.follow_plan() == 0  # no plan computed yet
+    plan = dp.risk_plan()
+    assert len(plan) == len(dp.calls) >= 4
+    dp.pick(*plan[0][:3])
+    assert dp.follow_plan() == len(plan) - 1 and dp.done
+    assert [(dp.calls.index(c), p, d, delta) for c, p, d, delta in dp.plan] == plan
+    assert dp.follow_plan() == 0
+    hexagent.reset(twin := factory.simulator())  # the same decision, picked one by one
+    one = decision(twin, 4)
+    assert one.risk_plan() == plan
+    for slot, p, d, _ in plan:
+        one.pick(slot, p, d)
+    assert [(c.uid, p, d, x) for c, p, d, x in one.plan] == [
+        (c.uid, p, d, x) for c, p, d, x in dp.plan]
+    assert _state_lists(one) == _state_lists(dp)
+    dp = decision(sim, 3)
+    plan = dp.risk_plan()
+    other = next(i for i in range(len(dp.calls)) if i != plan[0][0])
+    dp.pick(other, *dp.best_pair(other)[:2])  # off the plan: its rest is stale
+    assert dp.follow_plan() == 0 and dp.num_remaining == len(dp.calls) - 1
+
+
+def test_decide_where_the_plan_stops_early_leaves_the_rest_to_pick():
+    """Where a decode limit binds, the compiled plan stops short; decide makes its picks and
+    the simulator asks pick for the rest: the episode is still pick's, pick for pick."""
+    from tests.toy import tight_memory_simulator
+
+    policy = make_policy("hexagent")
+    batched = _picks_of(tight_memory_simulator(), lambda sim: run_policy(sim, policy))
+    sim = tight_memory_simulator()
+    policy.reset(sim)
+    assert batched == _picks_of(sim, lambda s: s.run(policy.pick))
+    sim = tight_memory_simulator()
+    policy.reset(sim)
+    made = []
+
+    def deciding(dp):
+        policy.decide(dp)
+        made.append((len(dp.calls), len(dp.plan)))
+
+    sim.run(policy.pick, decide=deciding)
+    assert any(1 < m < n for n, m in made)  # a partial plan, finished by pick
