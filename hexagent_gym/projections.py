@@ -283,13 +283,16 @@ class Projections:
 
     def _decode_terms_at(self, call: Call, d: int) -> tuple[float, float]:
         """(earliest start, decode end − now) of ``call`` on decode instance ``d`` under Ŝ: one
-        entry of :meth:`_decode_terms_all`."""
-        t, now = self.tables, self.now
+        entry of :meth:`_decode_terms_all`.
+
+        :func:`decode_terms` directly, without Ŝ's limits: where they bind nowhere (the
+        shortcut of :meth:`_decode_terms_all`), they bind not on ``d`` either, so its start is
+        ``now`` and its end :func:`decode_end`'s, the same floats; building the limits costs a
+        pass over every decode instance, one entry needs ``d`` only."""
         tokens, count, ctx = self._decode_lists()
-        weight, own_ctx, kv, free_start = self._decode_inputs(call)
-        if free_start:  # no decode limit binds: it is admitted now
-            return now, decode_end(t, d, now, count, ctx, weight, own_ctx)
-        return decode_terms(t, d, now, tokens, count, ctx, weight, own_ctx, kv, self.slow_start)
+        weight, own_ctx, kv = self.call_constants(call)
+        return decode_terms(self.tables, d, self.now, tokens, count, ctx, weight, own_ctx, kv,
+                            self.slow_start)
 
     def _may_move(self, call: Call, own_start: float) -> bool:
         """Whether a waiting decode-stage call may move: free moves are on, its own instance has
@@ -303,7 +306,7 @@ class Projections:
         instance."""
         t, now, own = self.tables, self.now, call.decode_inst
         tokens, count, ctx = self._decode_lists()
-        weight, own_ctx, kv, _ = self._decode_inputs(call)
+        weight, own_ctx, kv = self.call_constants(call)
         p, l_in, kv_true = call.prefill_inst, call.l_in, call.kv_true
         setup, spt, capacity = t.setup_list[p], t.spt_list[p], t.dec_capacity
         out = []

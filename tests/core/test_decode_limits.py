@@ -63,3 +63,39 @@ def test_shortcut_equals_the_full_computation(build, binds):
         dp = sim.run_until_decision()
     assert fast > 0
     assert (slow > 0) == binds
+
+
+@pytest.mark.parametrize("build", [tight_memory_simulator, _burst],
+                         ids=["memory-binds", "plentiful"])
+def test_one_entrys_decode_terms_need_no_limits(build):
+    """One call's (start, end) on one decode instance, computed without Ŝ's limits
+    (``_decode_terms_at``), equals the limits' shortcut (start now, :func:`decode_end`) wherever
+    that applies and :func:`decode_terms` elsewhere: on every instance, before every pick."""
+    from hexagent_gym.placement import decode_end, decode_terms
+
+    sim = build()
+    dp = sim.run_until_decision()
+    shortcut = full = 0
+    while dp is not None:
+        while not dp.done:
+            st = dp.state
+            tokens, count, ctx = st._decode_lists()
+            for i in dp.remaining:
+                call = dp.calls[i]
+                weight, own_ctx, kv, free_start = st._decode_inputs(call)
+                for d in range(dp.num_decode):
+                    if free_start:
+                        want = (st.now, decode_end(st.tables, d, st.now, count, ctx, weight,
+                                                   own_ctx))
+                    else:
+                        want = decode_terms(st.tables, d, st.now, tokens, count, ctx, weight,
+                                            own_ctx, kv, st.slow_start)
+                    assert st._decode_terms_at(call, d) == want
+                    shortcut += free_start
+                    full += not free_start
+            slot = dp.picked.index(False)
+            dp.pick(slot, *dp.best_pair(slot)[:2])
+        dp = sim.run_until_decision()
+    assert shortcut > 0
+    if build is tight_memory_simulator:
+        assert full > 0
