@@ -1939,15 +1939,24 @@ static PyObject *prefill_free_times(PyObject *self, PyObject *const *args, Py_ss
     PyObject *out = PyList_New(P);
     if (out == NULL) return NULL;
     for (Py_ssize_t p = 0; p < P; p++) {
-        double end = dat(run_end, p), q = dat(queued, p);
-        PyObject *v = PyErr_Occurred() ? NULL
-                                       : PyFloat_FromDouble((end > now ? end : now) +
-                                                            (q > 0.0 ? q : 0.0));
-        if (v == NULL) {
+        PyObject *end_obj = at(run_end, p);
+        double end = num(end_obj), q = dat(queued, p);
+        double v = (end > now ? end : now) + (q > 0.0 ? q : 0.0);
+        /* an instance with nothing queued is free at its run end or now: that float object
+         * itself when it holds the same bits (most instances of a large cluster), not a new
+         * one to allocate here and free after the decision */
+        PyObject *same = q > 0.0 ? NULL : end > now ? end_obj : args[1];
+        PyObject *item;
+        if (PyErr_Occurred()) item = NULL;
+        else if (same != NULL && PyFloat_CheckExact(same) &&
+                 memcmp(&((PyFloatObject *)same)->ob_fval, &v, sizeof v) == 0)
+            item = Py_NewRef(same);
+        else item = PyFloat_FromDouble(v);
+        if (item == NULL) {
             Py_DECREF(out);
             return NULL;
         }
-        PyList_SET_ITEM(out, p, v);
+        PyList_SET_ITEM(out, p, item);
     }
     return out;
 }

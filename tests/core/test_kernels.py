@@ -206,15 +206,29 @@ def test_compiled_prefill_free_times_equal_python():
         5.0, 5.5, 3.0]
     with pytest.raises(ValueError, match="prefill_free_times: inconsistent sizes"):
         free(run_end, 3.0, [0.0])
+    # nothing queued: the run end's or now's float object itself, where it holds the same bits
+    now, run_end = 3.0, [5.5, -math.inf, 1.0, -0.0]
+    out = free(run_end, now, [0.0, -1.0, 0.0, 0.0])
+    assert out[0] is run_end[0] and out[1] is now and out[2] is now
+    neg = free([-math.inf], -0.0, [0.0])  # -0.0 + 0.0 is +0.0: a new float, as Python's
+    assert neg == prefill_free_times_python([-math.inf], -0.0, [0.0])
+    assert math.copysign(1.0, neg[0]) == 1.0
     config = EpisodeConfig(cluster="hetero-1-x2", trace="mixed", num_workflows=60, load=2.0,
                            seed=2)
-    checked = 0
+    checked = replanned = 0
     for dp in _before_every_pick(config):
         loads = dp.state._decode[0].loads  # the engine's lists, through a live instance
         args = (loads.pf_run_end, dp.now, loads.pf_queued)
         assert free(*args) == prefill_free_times_python(*args)
         checked += 1
-    assert checked > 100
+        if dp.stage == Stage.PREFILL and not dp.plan:  # Ŝ's free times as first built
+            work = list(loads.pf_queued)  # the snapshot's rule: planned calls leave their queue
+            for c in dp.calls:
+                if c.decode_inst >= 0:
+                    work[c.prefill_inst] -= c.pf_queued
+                    replanned += 1
+            assert dp.state.free_l == prefill_free_times_python(loads.pf_run_end, dp.now, work)
+    assert checked > 100 and replanned > 20
 
 
 def _prefill_picks(build):
