@@ -52,6 +52,7 @@ class ClusterTables:
         self.dec_models, self.dec_class = _classes([d.latency for d in cluster.decode])
         self._pf_cache: dict[int, tuple[tuple[float, ...], tuple[float, ...]]] = {}
         self._pf_hit_cache: dict[tuple[int, int], tuple[float, ...]] = {}
+        self._alone_pf_cache: dict[tuple[int, int], tuple[float, ...]] = {}
         self.pf_class_list = self.pf_class.tolist()
         # per-class values -> the tuple per prefill instance, in C (an O(P) comprehension per
         # revealed call was a sixth of a call's bytecodes at 64 prefill instances); picklable,
@@ -137,8 +138,12 @@ class ClusterTables:
         own workflow's ``own`` earlier prompt tokens hit (a call's ``pf_true``)."""
         if not own:
             return self.prefill_times(input_tokens)[0]
-        per_class = self.prefill_times_hit(input_tokens, own)
-        return self.per_instance(per_class)
+        key = (input_tokens, own)
+        hit = self._alone_pf_cache.get(key)  # shared, as prefill_times' tuples: a fresh P-tuple
+        if hit is None:  # per revealed call kept the garbage collector busy at large clusters
+            hit = self._alone_pf_cache[key] = self.per_instance(
+                self.prefill_times_hit(input_tokens, own))
+        return hit
 
     def alone_estimate(self, alone: Sequence[float], input_tokens: int, own: int,
                        output_tokens: float) -> float:

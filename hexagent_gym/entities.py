@@ -94,7 +94,7 @@ class Call:
         self.pf_cold: list[float] = []  # scheduler-visible prefill seconds with no cache hit
         self.pf_run = 0.0  # scheduler-visible seconds of its prefill once started
         self.pf_queued = 0.0  # the estimate its prefill queue counts for it (queued_est)
-        self.cached: list[int] | None = None  # prompt tokens cached per prefill instance (None: 0)
+        self.cached: tuple[int, ...] | None = None  # prompt tokens cached per instance (None: 0)
         # the caches' match of its prompt behind its current cached / pf_est (None: not viewed)
         self.view_levels: list[tuple[int, int]] | None = None
         self.hit = 0  # prompt tokens served from cache at its prefill

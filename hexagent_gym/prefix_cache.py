@@ -215,7 +215,7 @@ def match_levels_python(holders: dict[int, int],
 
 
 def cache_view(tables: ClusterTables, holders: dict[int, int], block_tokens: int,
-               call: Call) -> tuple[list[int] | None, list[float]]:
+               call: Call) -> tuple[tuple[int, ...] | None, Sequence[float]]:
     """The scheduler's view of a waiting call against the caches as they are: prompt tokens
     each prefill instance holds for it (None when none holds any) and the cache-aware prefill
     estimates per instance (the cold ones where nothing hits)."""
@@ -223,7 +223,7 @@ def cache_view(tables: ClusterTables, holders: dict[int, int], block_tokens: int
 
 
 def view_of_levels(tables: ClusterTables, levels: list[tuple[int, int]], block_tokens: int,
-                   call: Call) -> tuple[list[int] | None, list[float]]:
+                   call: Call) -> tuple[tuple[int, ...] | None, Sequence[float]]:
     """:func:`cache_view` from the caches' :func:`match_levels` of the call's prompt: a function
     of ``levels`` and the call's constants only, so equal levels give equal views."""
     if not levels:
@@ -245,4 +245,7 @@ def view_of_levels(tables: ClusterTables, levels: list[tuple[int, int]], block_t
             mask ^= low
             hits[p] = h
             est[p] = per_class[cls[p]]
-    return hits, est
+    # as tuples: the collector untracks a tuple of numbers at its first pass, while a list of
+    # P numbers per waiting call is traversed at every collection (at large clusters, a large
+    # share of their cost)
+    return tuple(hits), tuple(est)
