@@ -123,6 +123,10 @@ class ScalingRow:
     # with the cluster (more calls wait cluster-wide when an invocation fires)
     picks_per_call: float = 0.0
     laps: int = 1  # rollouts per timed sample
+    # of us_per_call, the garbage collector's time in that sample (its collections traverse
+    # everything the process holds: here every row's env, so its share is an upper bound of
+    # what a process holding one env pays)
+    gc_us_per_call: float = 0.0
 
 
 def bench_scaling(policy: str = "hexagent", trace: str = "bfcl_v3", load: float = 1.0,
@@ -140,7 +144,8 @@ def bench_scaling(policy: str = "hexagent", trace: str = "bfcl_v3", load: float 
 
     The samples go round the rows (every row once, then again), so the rows' ratios compare
     samples timed minutes apart at most rather than a whole table apart: this machine's speed
-    drifts by a third within minutes."""
+    drifts by a third within minutes. Each row also reports the garbage collector's time in its
+    fastest sample (``gc.callbacks``)."""
     envs, first, episode_calls, facts = [], [], [], []
     for cluster, n in rows:
         env = PDClusterEnv(cluster=cluster, trace=trace, num_workflows=n, load=load, seed=seed)
@@ -153,25 +158,50 @@ def bench_scaling(policy: str = "hexagent", trace: str = "bfcl_v3", load: float 
     window = max(episode_calls)
     laps = [-(-window // max(calls, 1)) for calls in episode_calls]  # rollouts per sample
     again = [math.inf] * len(rows)
-    for rep in range(max(repeat, 1)):
-        for i, env in enumerate(envs):
-            gc.collect()
-            t0 = time.perf_counter()
-            for _ in range(laps[i]):
-                result = None  # the last lap's result is not kept alive through this one
-                result = env.rollout(policy)
-            again[i] = min(again[i], (time.perf_counter() - t0) / laps[i])
-            if rep == 0:  # the row's figures (every rollout of a row is the same episode);
-                # only these are kept, so the other rows' results do not weigh on collections
-                facts.append((result.num_calls, result.scheduler_seconds / max(
-                    result.invocations, 1), result.req99, result.decisions))
-            del result
+    collecting = [0.0] * len(rows)  # the collector's seconds per rollout in the fastest sample
+    clock = _CollectorClock()
+    gc.callbacks.append(clock)
+    try:
+        for rep in range(max(repeat, 1)):
+            for i, env in enumerate(envs):
+                gc.collect()
+                clock.seconds = 0.0
+                t0 = time.perf_counter()
+                for _ in range(laps[i]):
+                    result = None  # the last lap's result is not kept alive through this one
+                    result = env.rollout(policy)
+                sample = (time.perf_counter() - t0) / laps[i]
+                if sample < again[i]:
+                    again[i], collecting[i] = sample, clock.seconds / laps[i]
+                if rep == 0:  # the row's figures (every rollout of a row is the same episode);
+                    # only these are kept, so the other rows' results do not weigh on collections
+                    facts.append((result.num_calls, result.scheduler_seconds / max(
+                        result.invocations, 1), result.req99, result.decisions))
+                del result
+    finally:
+        gc.callbacks.remove(clock)
     out = []
-    for (cluster, n), env, fact, t_first, t_again, lap in zip(rows, envs, facts, first, again,
-                                                             laps, strict=True):
+    for (cluster, n), env, fact, t_first, t_again, lap, t_gc in zip(
+            rows, envs, facts, first, again, laps, collecting, strict=True):
         calls, per_invocation, req99, decisions = fact
         spec = env.factory.cluster
         out.append(ScalingRow(cluster, f"{len(spec.prefill)}P+{len(spec.decode)}D", n, calls,
                               1e6 * t_first / calls, 1e6 * t_again / calls,
-                              1e3 * per_invocation, req99, decisions / calls, lap))
+                              1e3 * per_invocation, req99, decisions / calls, lap,
+                              1e6 * t_gc / calls))
     return out
+
+
+class _CollectorClock:
+    """A ``gc.callbacks`` hook adding up the wall time of the collections since ``seconds``
+    was last reset."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start

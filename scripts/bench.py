@@ -106,15 +106,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nscaling through env.rollout('hexagent') on {args.trace} at load "
                   f"{args.policy_load}, {compiled} (us per simulated call; first rollout "
                   "includes the standalone horizons; again: fastest sample of `laps` rollouts "
-                  "back to back, about as many calls per sample in every row):")
+                  "back to back, about as many calls per sample in every row; gc: the garbage "
+                  "collector's part of `again`):")
             print(f"  {'cluster':<12} {'size':>9} {'workflows':>9} {'calls':>7} "
-                  f"{'first':>7} {'again':>7} {'laps':>4} {'ms/inv':>7} {'picks/call':>10} "
-                  f"{'Req99':>6}")
+                  f"{'first':>7} {'again':>7} {'gc':>5} {'laps':>4} {'ms/inv':>7} "
+                  f"{'picks/call':>10} {'Req99':>6}")
             for r in rows:
                 print(f"  {r.cluster:<12} {r.instances:>9} {r.num_workflows:>9} "
                       f"{r.num_calls:>7} {r.us_per_call_first:>7.1f} {r.us_per_call:>7.1f} "
-                      f"{r.laps:>4} {r.ms_per_invocation:>7.3f} {r.picks_per_call:>10.2f} "
-                      f"{r.req99:>6.3f}")
+                      f"{r.gc_us_per_call:>5.1f} {r.laps:>4} {r.ms_per_invocation:>7.3f} "
+                      f"{r.picks_per_call:>10.2f} {r.req99:>6.3f}")
 
     if not args.ci:
         return 0

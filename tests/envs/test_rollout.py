@@ -207,6 +207,27 @@ def test_scaling_bench_reports_the_rollouts_it_timed():
     assert row.picks_per_call == ref.decisions / ref.num_calls > 0
     assert row.us_per_call_first > 0 and row.us_per_call > 0 and row.ms_per_invocation > 0
     assert row.laps == 1  # the only row is the longest
+    assert 0.0 <= row.gc_us_per_call < row.us_per_call
+
+
+def test_collector_clock_adds_up_collections_only():
+    import gc
+
+    from envs.benchmark import _CollectorClock
+
+    clock = _CollectorClock()
+    gc.callbacks.append(clock)
+    try:
+        assert clock.seconds == 0.0
+        gc.collect()
+        once = clock.seconds
+        assert once > 0.0
+        sum(range(100_000))  # no collection: nothing added
+        assert clock.seconds == once
+        gc.collect(0)
+        assert clock.seconds > once
+    finally:
+        gc.callbacks.remove(clock)
 
 
 def test_scaling_bench_times_every_row_over_about_as_many_calls():
