@@ -63,6 +63,7 @@ class HexAgentSearch(HexAgentPolicy):
     """
 
     name = "hexagent-search"
+    pause_gc = False  # every search drops forks of the simulator, whose objects form cycles
 
     def __init__(self, k: int = 4, oracle: bool = False, horizon: str = "arrived",
                  one_pass_threshold: int = 32, knowledge: str = "template") -> None:

@@ -39,6 +39,8 @@ class Policy(Protocol):
     # Optional: ``decide(dp)``, called first at every decision point by :func:`run_policy`,
     # may make picks itself (``dp.pick``) — e.g. a whole computed ranking at once — and
     # ``pick`` answers the calls it leaves. It must pick exactly what ``pick`` would have.
+    # Optional: ``pause_gc = False`` for a policy that drops reference cycles while it decides
+    # (``run_policy`` otherwise pauses the garbage collector for the episode: Engine.run).
 
 
 PLUGIN_GROUP = "hexagent_gym.plugins"
@@ -123,4 +125,5 @@ def make_env(name: str, *args: Any, **kwargs: Any) -> Any:
 def run_policy(sim: Simulator, policy: Policy) -> EpisodeResult:
     """Run one whole episode on the bare simulator with ``policy`` answering every decision."""
     policy.reset(sim)
-    return sim.run(policy.pick, policy_name=policy.name, decide=getattr(policy, "decide", None))
+    return sim.run(policy.pick, policy_name=policy.name, decide=getattr(policy, "decide", None),
+                   pause_gc=getattr(policy, "pause_gc", True))

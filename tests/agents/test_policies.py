@@ -344,3 +344,38 @@ def test_decide_where_the_plan_stops_early_leaves_the_rest_to_pick():
 
     sim.run(policy.pick, decide=deciding)
     assert any(1 < m < n for n, m in made)  # a partial plan, finished by pick
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_a_policy_lets_the_collector_pause_only_if_it_leaves_no_cycles_mid_episode(name,
+                                                                                  monkeypatch):
+    """run_policy pauses the garbage collector for the episode unless the policy says
+    ``pause_gc = False``: collections between decisions find nothing to free for every policy
+    that lets it pause (horizons filled first: their standalone runs happen once per trace),
+    and plenty for those that do not (the search policies drop forks of the simulator)."""
+    import gc
+
+    from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+
+    factory = EpisodeFactory(EpisodeConfig(cluster="hetero-1", trace="mixed", num_workflows=12,
+                                           load=1.0, seed=0))
+    factory.fill_horizons()
+    policy = make_policy(name)
+    sim = factory.simulator()
+    policy.reset(sim)
+    found = []
+    advance = type(sim).run_until_decision
+
+    def collecting(self):  # every 8th decision of the episode (not of a search's forks)
+        if self is sim and len(sim.invocation_seconds) % 8 == 0:
+            found.append(gc.collect(1))  # the young generations: where a decision's cycles are
+        return advance(self)
+
+    monkeypatch.setattr(type(sim), "run_until_decision", collecting)
+    gc.collect()
+    sim.run(policy.pick, decide=getattr(policy, "decide", None), pause_gc=False)
+    assert len(found) > 20
+    if getattr(policy, "pause_gc", True):
+        assert sum(found) == 0
+    else:
+        assert sum(found) > 1000

@@ -228,3 +228,40 @@ def test_episodes_of_one_factory_check_each_workflow_spec_once(monkeypatch):
     factory.simulator(2)
     assert seen[0] == list(first.workload.workflows) and seen[1] == []
     assert 0 < len(seen[2]) <= 40 and not {id(w) for w in seen[2]} & {id(w) for w in seen[0]}
+
+
+def test_run_pauses_the_collector_for_the_episode_and_restores_it():
+    """Engine.run turns Python's garbage collector off while the episode runs and back on
+    after it (also when a pick raises); left as it was when it was off, or with
+    pause_gc=False."""
+    import gc
+
+    from hexagent_gym.decisions import earliest_finish_pick
+    from tests.toy import tight_memory_simulator
+
+    seen = []
+
+    def watching(dp):
+        seen.append(gc.isenabled())
+        return earliest_finish_pick(dp)
+
+    assert gc.isenabled()
+    tight_memory_simulator().run(watching)
+    assert seen and not any(seen) and gc.isenabled()
+    seen.clear()
+    tight_memory_simulator().run(watching, pause_gc=False)
+    assert all(seen) and gc.isenabled()
+
+    def failing(dp):
+        raise RuntimeError("policy failed")
+
+    with pytest.raises(RuntimeError, match="policy failed"):
+        tight_memory_simulator().run(failing)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        seen.clear()
+        tight_memory_simulator().run(watching)
+        assert seen and not any(seen) and not gc.isenabled()  # off before: stays off
+    finally:
+        gc.enable()
