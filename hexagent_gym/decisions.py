@@ -320,23 +320,33 @@ class DecisionPoint:
         if k >= len(ahead):
             return 0
         rest = ahead[k:]
-        calls, picked, plan = self.calls, self.picked, self.plan
         delta = self._delta  # built before the first of them: that pick takes its entry (pick)
-        cache_aware = self._cache_aware
-        commit = self.state.commit
+        record = self._record_planned
         for slot, p, d, value in rest:
-            call = calls[slot]
             if delta is not None:
                 value = delta.item(slot, p, d)
                 delta = None  # each commit moves Ŝ: later picks take the plan's exact Δ
-            commit(call, p, d, value, True, (call.pf_est if cache_aware else call.pf_cold)[p])
-            plan.append((call, p, d, value))
-            picked[slot] = True
-        self._remaining -= len(rest)
+            record(slot, p, d, value)
+        self._state_moved()
+        return len(rest)
+
+    def _record_planned(self, slot: int, p: int, d: int, value: float) -> None:
+        """Commit a prefill-stage pick of the computed plan (valid by construction) to Ŝ and
+        record it; the caller then drops what Ŝ's move made stale (:meth:`_state_moved`)."""
+        call = self.calls[slot]
+        self.state.commit(call, p, d, value, True,
+                          (call.pf_est if self._cache_aware else call.pf_cold)[p])
+        self.plan.append((call, p, d, value))
+        self.picked[slot] = True
+        self._remaining -= 1
+
+    def _state_moved(self) -> None:
+        """Drop what a commit made stale: Δ and its reductions are recomputed lazily from Ŝ
+        (updating only the slices Δ[:, p, :] and Δ[:, :, d] in place was measured slower than
+        the full vectorised recompute up to 32 calls on 8 + 8)."""
         self._delta = self._reduced = self._min = self._last = None
         if self._pairs:
             self._pairs = {}
-        return len(rest)
 
     def _compiled_pairs(self) -> None:
         """Fill :meth:`_scalar_pair`'s cache for every unpicked slot in one compiled call."""
@@ -426,18 +436,11 @@ class DecisionPoint:
                     # The computed plan's next pick (planned_pick): valid by construction, as
                     # risk_plan emits only unpicked slots with a finite Δ on instances of the
                     # cluster, at the prefill stage. Same commit as below, without the checks.
-                    call = calls[slot]
                     # Δ as below: the tensor's entry once it is built, else the plan's exact Δ
                     delta = self._delta
-                    value = planned[3] if delta is None else delta.item(slot, p, d)
-                    self.state.commit(call, p, d, value, True,
-                                      (call.pf_est if self._cache_aware else call.pf_cold)[p])
-                    self.plan.append((call, p, d, value))
-                    self.picked[slot] = True
-                    self._remaining -= 1
-                    self._delta = self._reduced = self._min = self._last = None
-                    if self._pairs:
-                        self._pairs = {}
+                    self._record_planned(slot, p, d,
+                                         planned[3] if delta is None else delta.item(slot, p, d))
+                    self._state_moved()
                     return
         n = len(calls)
         if not 0 <= slot < n:
@@ -484,11 +487,7 @@ class DecisionPoint:
         self.plan.append((call, p, d, value))
         picked[slot] = True
         self._remaining -= 1
-        # Recomputed lazily from Ŝ. Updating only the slices Δ[:, p, :] and Δ[:, :, d] in place
-        # was measured slower than the full vectorised recompute up to 32 calls on 8 + 8.
-        self._delta = self._reduced = self._min = self._last = None
-        if self._pairs:
-            self._pairs = {}
+        self._state_moved()
 
 
 def earliest_finish_pick(dp: DecisionPoint) -> tuple[int, int, int]:
