@@ -428,20 +428,15 @@ class DecisionPoint:
         """
         calls = self.calls
         ahead = self._ahead
-        if ahead:
-            k = len(self.plan) - self._ahead_from
-            if k < len(ahead):
-                planned = ahead[k]
-                if planned[0] == slot and planned[1] == p and planned[2] == d:
-                    # The computed plan's next pick (planned_pick): valid by construction, as
-                    # risk_plan emits only unpicked slots with a finite Δ on instances of the
-                    # cluster, at the prefill stage. Same commit as below, without the checks.
-                    # Δ as below: the tensor's entry once it is built, else the plan's exact Δ
-                    delta = self._delta
-                    self._record_planned(slot, p, d,
-                                         planned[3] if delta is None else delta.item(slot, p, d))
-                    self._state_moved()
-                    return
+        planned = self.planned_pick() if ahead else None
+        if planned is not None and planned[0] == slot and planned[1] == p and planned[2] == d:
+            # the plan's next pick, valid by construction (risk_plan emits unpicked prefill-stage
+            # slots with a finite Δ on the cluster's instances): the commit below without checks
+            delta = self._delta  # Δ as below: the tensor's entry once built, else the plan's
+            self._record_planned(slot, p, d,
+                                 planned[3] if delta is None else delta.item(slot, p, d))
+            self._state_moved()
+            return
         n = len(calls)
         if not 0 <= slot < n:
             raise ValueError(f"call slot {slot} is out of range: this decision has {n} calls "
