@@ -367,7 +367,8 @@ class DecisionPoint:
             for c in self.calls:  # one loop, not six comprehensions (each a frame in 3.11)
                 pfs.append(c.pf_est if cache_aware else c.pf_cold)  # self._pf(c)
                 xs.append(xcols(c.l_in))
-                weight, own_ctx, kv = constants(c)
+                fixed = c.consts  # constants(c), kept on the call after its first projection
+                weight, own_ctx, kv = constants(c) if fixed is None else fixed
                 weights.append(weight)
                 own_ctxs.append(own_ctx)
                 kvs.append(kv)

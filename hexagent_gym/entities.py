@@ -51,6 +51,7 @@ class Call:
         "pf_cold", "pf_run", "pf_queued", "cached", "hit", "held", "lead", "width",
         "group_left", "kv_free", "kv_res", "generated", "preempted", "moved", "decode_wait",
         "wait_since", "kv_blocked", "admit_seq", "ctx_term", "true_term", "view_levels",
+        "ctx_share", "consts",
     )
 
     def __init__(self, uid: int, workflow: Workflow, index: int, spec: CallSpec,
@@ -64,6 +65,13 @@ class Call:
         self.l_out_pred = l_out_pred
         self.kv_true = spec.input_tokens + spec.output_tokens  # decode admission demand
         self.kv_pred = spec.input_tokens + l_out_pred
+        # what it adds to its decode instance's scheduled context Σ(L_in + L̂_out/2): the one
+        # place this sum's term is written (reservations, releases and Ŝ read it; a plain slot,
+        # not a property, as it is read several times per pick; form_group rewrites it)
+        self.ctx_share = spec.input_tokens + 0.5 * l_out_pred
+        # (weight, mean own context, predicted KV) of the projections, set at its first
+        # projection (Projections.call_constants): fixed once the workflow has arrived
+        self.consts: tuple[float, float, float] | None = None
         self.kv_res = self.kv_pred  # KV the decode instance reserves at admission (predicted)
         self.kv_free = self.kv_res  # reservation its finish returns (a group: its prompt last)
         self.pf_err = pf_err
@@ -130,12 +138,6 @@ class Call:
         new.lead = None if lead is None else copy.deepcopy(lead, memo)
         return new
 
-
-    @property
-    def ctx_share(self) -> float:
-        """What this call adds to its decode instance's scheduled context Σ(L_in + L̂_out/2)
-        (the one place this sum's term is written: reservations, releases and Ŝ use it)."""
-        return self.l_in + 0.5 * self.l_out_pred
 
 
 _CALL_SHARED_SLOTS = tuple(n for n in Call.__slots__ if n not in ("workflow", "lead"))

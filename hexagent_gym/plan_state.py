@@ -57,8 +57,6 @@ class PlanState(Projections):
         self._start_memo: tuple[CallBatch, np.ndarray | float] | None = None
         self._scan: list[int] | None = None
         self._limits: tuple[float, bool] | None = None  # (_decode_limits), built on first use
-        # per call uid: (weight, own context, KV demand), constant over the decision
-        self._call_inputs: dict[int, tuple[float, float, float]] = {}
         self.free_decode = True  # waiting decode calls not yet served may move (project_decode)
 
     def _array(self, name: str, dtype: type) -> np.ndarray:
@@ -182,6 +180,7 @@ class PlanState(Projections):
         return earliest_pair(self.tables, self.now, self.free_l, self.dec_tokens_l,
                              self.dec_count_l, self.dec_ctx_l, call, self.slow_start,
                              self.decode_scan())
+
     def copy(self) -> PlanState:
         """An independent Ŝ for what-if picks (lookahead): committing to the copy leaves this
         state's projections unchanged. Arrays and reservation lists are copied; the cluster
@@ -204,7 +203,6 @@ class PlanState(Projections):
         new._start_memo = None
         new._scan = self._scan
         new._limits = self._limits
-        new._call_inputs = self._call_inputs  # constants of the calls: shared
         new.free_decode = self.free_decode
         return new
 

@@ -219,15 +219,16 @@ class Projections:
         limits = self.limits()
         return weight, own_ctx, kv, not limits[1] and kv <= limits[0]
 
-    def call_constants(self, call: Call) -> tuple[float, float, float]:
-        """(weight, mean own context, predicted KV demand) of ``call``: constant over the
-        decision, computed once per call and kept."""
-        fixed = self._call_inputs.get(call.uid)
+    @staticmethod
+    def call_constants(call: Call) -> tuple[float, float, float]:
+        """(weight, mean own context, predicted KV demand) of ``call``: fixed once its
+        workflow has arrived (sample groups are formed then), so computed at its first
+        projection and kept on the call (``Call.consts``) for every later decision."""
+        fixed = call.consts
         if fixed is None:
             l_out = float(call.l_out_pred)
             kv = float(call.kv_pred)  # as CallBatch.kv_pred (a sample group: its whole demand)
-            fixed = self._call_inputs[call.uid] = (l_out * call.dec_err,
-                                                   mean_own_context(call.l_in, l_out), kv)
+            fixed = call.consts = (l_out * call.dec_err, mean_own_context(call.l_in, l_out), kv)
         return fixed
 
     def _decode_terms_all(self, call: Call) -> tuple[list[float], list[float]]:

@@ -77,6 +77,7 @@ def form_group(wf: Workflow, leader: int) -> None:
     # one request are capped together), so it never outgrows its reservation
     lead.kv_true, lead.kv_pred, lead.kv_res, lead.kv_free = kv_true, kv_pred, kv_true, lead.l_out
     lead.l_out_pred = longest
+    lead.ctx_share = lead.l_in + 0.5 * longest  # as Call.__init__ writes it
 
 
 def call_riders(lead: Call) -> list[Call]:
