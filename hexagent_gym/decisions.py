@@ -320,13 +320,17 @@ class DecisionPoint:
         if k >= len(ahead):
             return 0
         rest = ahead[k:]
-        delta = self._delta  # built before the first of them: that pick takes its entry (pick)
-        record = self._record_planned
-        for slot, p, d, value in rest:
-            if delta is not None:
-                value = delta.item(slot, p, d)
-                delta = None  # each commit moves Ŝ: later picks take the plan's exact Δ
-            record(slot, p, d, value)
+        calls, picked = self.calls, self.picked
+        picks = [(calls[slot], p, d, value) for slot, p, d, value in rest]
+        delta = self._delta  # built before the first of them: that pick takes its entry (pick);
+        if delta is not None:  # each commit moves Ŝ: later picks take the plan's exact Δ
+            slot, p, d, _ = rest[0]
+            picks[0] = (calls[slot], p, d, delta.item(slot, p, d))
+        self.state.commit_prefill_picks(picks, self._cache_aware)
+        self.plan.extend(picks)
+        for slot, _, _, _ in rest:
+            picked[slot] = True
+        self._remaining -= len(rest)
         self._state_moved()
         return len(rest)
 

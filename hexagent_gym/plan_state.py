@@ -254,6 +254,40 @@ class PlanState(Projections):
             tau[0][d] = t.dec_base_list[d][b] + slope * ctx[d]
             tau[1][d] = slope
 
+    def commit_prefill_picks(self, picks: list[tuple[Call, int, int, float]],
+                             cache_aware: bool = True) -> None:
+        """:meth:`commit` of each prefill-stage pick ``(call, p, d, delta)`` in turn, with the
+        prefill seconds ``call.pf_est[p]`` (``pf_cold[p]`` when not ``cache_aware``): the same
+        Ŝ, bit for bit. A followed plan commits its picks here in one loop; while no numpy twin,
+        release list or step-time cache exists (none has been asked for), what :meth:`commit`
+        keeps current is only the lists, the scan and the limits."""
+        if self._arrays or self._releases or self._tau_cache is not None:
+            for call, p, d, delta in picks:
+                self.commit(call, p, d, delta, True,
+                            (call.pf_est if cache_aware else call.pf_cold)[p])
+            return
+        self._start_memo = None
+        free_l, pf_tokens_l = self.free_l, self.pf_tokens_l
+        tokens, count, ctx = self.dec_tokens_l, self.dec_count_l, self.dec_ctx_l
+        scan, limits, now, log = self._scan, self._limits, self.now, self._pick_log
+        t = self.tables
+        capacity, max_batch = t.dec_capacity, t.max_batch_list
+        for call, p, d, delta in picks:
+            free_l[p] += (call.pf_est if cache_aware else call.pf_cold)[p]
+            pf_tokens_l[p] += call.l_in
+            if scan is not None and not count[d] and tokens[d] <= 0.0:
+                scan = None  # d was idle: it leaves its twins
+            kv = call.kv_pred
+            tokens[d] += kv
+            count[d] += 1
+            ctx[d] += call.ctx_share
+            if limits is not None:
+                slack = capacity[d] - tokens[d]
+                limits = (slack if slack < limits[0] else limits[0],
+                          limits[1] or count[d] >= max_batch[d])
+            log.append((d, now + delta, float(kv)))
+        self._scan, self._limits = scan, limits
+
     def _release_list(self, d: int) -> list[tuple[float, float]]:
         """Projected (release time, tokens) of every reservation on d, sorted; built lazily."""
         rel = self._releases.get(d)
