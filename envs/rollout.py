@@ -104,7 +104,8 @@ def rollout(env: Any, policy: Any, seed: int | None = None,
     if isinstance(policy, str | Path) and _is_model_path(policy):
         policy = load_saved(policy)
     elif isinstance(policy, str):
-        policy = make_policy(policy)
+        # built here and handed to nobody: its episode can be freed at once (Engine.close)
+        return _run_heuristic(env, make_policy(policy), seed, close=True)
     if hasattr(policy, "pick"):
         return _run_heuristic(env, policy, seed)
     if hasattr(policy, "predict"):
@@ -118,10 +119,12 @@ def _is_model_path(policy: str | Path) -> bool:
     return isinstance(policy, Path) or policy.endswith(".zip")
 
 
-def _run_heuristic(env: Any, policy: Any, seed: int) -> RolloutResult:
+def _run_heuristic(env: Any, policy: Any, seed: int, close: bool = False) -> RolloutResult:
+    """A policy object's episode on the bare simulator; ``close`` frees it at once (only for a
+    policy built here: a user's policy may keep calls, whose workflows close would unlink)."""
     episode_seed = env.episode_seed_for(seed)
     sim = env.factory.simulator(episode_seed)
-    result = run_policy(sim, policy)
+    result = run_policy(sim, policy, close=close)
     reward = env.reward_fn
     reward.reset(result.num_workflows)
     ratios = result.ratios

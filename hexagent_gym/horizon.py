@@ -69,9 +69,11 @@ class HorizonCache:
             sub, tables, last_p, last_d = self._cut(m)
             sim = _simulation(sub, spec, tables, **serving)
             calls = sim.workflows[0].calls
+            finish = sim.workflows[0].finish_t
+            sim.close()  # freed now, not by a later collection (its calls stay readable here)
             if not (last_p & {c.prefill_inst for c in calls}
                     or last_d & {c.decode_inst for c in calls}):
-                return sim.workflows[0].finish_t  # the cut never mattered: exact
+                return finish  # the cut never mattered: exact
             m *= 2
         return _simulated_time(self.cluster, spec, self.tables, **serving)
 
@@ -211,7 +213,10 @@ def _never_binds(d: int, need: float, over: int) -> float:
 
 def _simulated_time(cluster: ClusterSpec, spec: WorkflowSpec, tables: ClusterTables,
                     **serving) -> float:
-    return _simulation(cluster, spec, tables, **serving).workflows[0].finish_t
+    sim = _simulation(cluster, spec, tables, **serving)
+    finish = sim.workflows[0].finish_t
+    sim.close()
+    return finish
 
 
 def _simulation(cluster: ClusterSpec, spec: WorkflowSpec, tables: ClusterTables,

@@ -122,8 +122,12 @@ def make_env(name: str, *args: Any, **kwargs: Any) -> Any:
     return _ENVS.factory(name)(*args, **kwargs)
 
 
-def run_policy(sim: Simulator, policy: Policy) -> EpisodeResult:
-    """Run one whole episode on the bare simulator with ``policy`` answering every decision."""
+def run_policy(sim: Simulator, policy: Policy, *, close: bool = False) -> EpisodeResult:
+    """Run one whole episode on the bare simulator with ``policy`` answering every decision.
+
+    ``close``: free the episode once its result is built (``Engine.close``: the simulator is
+    unusable afterwards). Pass True where the caller built both the simulator and the policy
+    and hands neither out, as ``env.rollout`` with a policy name does."""
     policy.reset(sim)
     return sim.run(policy.pick, policy_name=policy.name, decide=getattr(policy, "decide", None),
-                   pause_gc=getattr(policy, "pause_gc", True))
+                   pause_gc=getattr(policy, "pause_gc", True), close=close)

@@ -379,3 +379,28 @@ def test_a_policy_lets_the_collector_pause_only_if_it_leaves_no_cycles_mid_episo
         assert sum(found) == 0
     else:
         assert sum(found) > 1000
+
+
+@pytest.mark.parametrize("name", policy_names())
+def test_a_closed_episode_leaves_the_collector_nothing_for_every_policy(name):
+    """run_policy(close=True) frees the whole episode by reference counting for every policy
+    that lets the collector pause (the search policies' dropped forks are theirs to collect):
+    no policy state forms a cycle with the episode's objects."""
+    import gc
+
+    from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+
+    factory = EpisodeFactory(EpisodeConfig(cluster="hetero-1", trace="mixed", num_workflows=12,
+                                           load=1.0, seed=0))
+    factory.fill_horizons()
+    policy = make_policy(name)
+    gc.collect()
+    gc.disable()
+    try:
+        result = run_policy(factory.simulator(), policy, close=True)
+        found = gc.collect()
+    finally:
+        gc.enable()
+    assert result.num_calls > 50
+    if getattr(policy, "pause_gc", True):
+        assert found == 0

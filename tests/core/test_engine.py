@@ -265,3 +265,64 @@ def test_run_pauses_the_collector_for_the_episode_and_restores_it():
         assert seen and not any(seen) and not gc.isenabled()  # off before: stays off
     finally:
         gc.enable()
+
+
+def _episodes_for_close():
+    from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+    from tests.toy import tight_memory_simulator
+
+    yield "preemptions", tight_memory_simulator
+    for name, config in (
+            ("groups, errors", dict(cluster="hetero-1", trace="lats", num_workflows=8, seed=1,
+                                    estimation_error=0.3, load=1.5)),
+            ("timeline", dict(cluster="hetero-1", trace="bfcl_v3", num_workflows=30, seed=0,
+                              record_timeline=True))):
+        factory = EpisodeFactory(EpisodeConfig(**config))
+        factory.fill_horizons()  # their standalone runs happen once per trace, not per episode
+        yield name, factory.simulator
+
+
+@pytest.mark.parametrize("name,build", list(_episodes_for_close()),
+                         ids=[n for n, _ in _episodes_for_close()])
+def test_close_frees_the_episode_by_reference_counting(name, build):
+    """run(close=True) returns the same result, then leaves the collector nothing to find: the
+    episode went by reference counting (without close, its cycles wait for a collection). A
+    closed simulator is empty, its calls unlinked, and running it again raises."""
+    import gc
+
+    def garbage_after(close):
+        gc.collect()
+        gc.disable()
+        try:
+            sim = build()
+            calls = len(sim.workload.workflows)
+            result = sim.run(close=close)
+            if close:
+                assert sim.workflows == [] and sim.finished == []
+                with pytest.raises(RuntimeError, match="closed"):
+                    sim.run_until_decision()
+                sim.close()  # idempotent
+            del sim
+            return result, calls, gc.collect()
+        finally:
+            gc.enable()
+
+    kept, calls, left = garbage_after(False)
+    closed, _, none = garbage_after(True)
+    assert left > calls and none == 0
+    assert closed.ratios.tolist() == kept.ratios.tolist() and closed.records == kept.records
+    assert (closed.timeline is None) == (kept.timeline is None)
+    if kept.timeline is not None:
+        assert closed.timeline.to_chrome_trace() == kept.timeline.to_chrome_trace()
+
+
+def test_close_unlinks_the_calls_a_caller_kept():
+    """What close documents: calls held elsewhere survive it, without their workflow."""
+    from tests.toy import tight_memory_simulator
+
+    sim = tight_memory_simulator()
+    sim.run()
+    kept = [c for w in sim.workflows for c in w.calls]
+    sim.close()
+    assert kept and all(c.workflow is None for c in kept)
+    assert all(c.state == CallState.DONE for c in kept)

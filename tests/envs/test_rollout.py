@@ -239,3 +239,40 @@ def test_scaling_bench_times_every_row_over_about_as_many_calls():
     # the short episode runs back to back until it has simulated at least the long one's calls
     assert short.laps == -(-long.num_calls // short.num_calls) > 1
     assert (short.laps - 1) * short.num_calls < long.num_calls <= short.laps * short.num_calls
+
+
+class KeepingPicker(FallbackPicker):
+    """A user's policy that keeps the calls it decided (to analyse them afterwards)."""
+
+    name = "keeping-picker"
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def pick(self, dp):
+        self.calls.extend(dp.calls)
+        return earliest_finish_pick(dp)
+
+
+def test_rollout_frees_its_own_episode_and_leaves_a_users_calls_intact():
+    """By name, rollout builds the policy and the simulator itself and frees the episode at
+    once (Engine.close: nothing left for the collector); a policy object of the user's may
+    keep calls, so its episode is not closed and every kept call still has its workflow."""
+    import gc
+
+    env = hexagent_gym.make(**SMALL)
+    env.rollout("hexagent")  # horizons filled: their standalone runs happen once
+    gc.collect()
+    gc.disable()
+    try:
+        by_name = env.rollout("hexagent")
+        assert gc.collect() == 0
+        keeper = KeepingPicker()
+        by_object = env.rollout(keeper)
+        assert gc.collect() > 0  # its episode's cycles: left to the collector
+    finally:
+        gc.enable()
+    assert by_name.num_calls == by_object.num_calls
+    assert keeper.calls and all(c.workflow is not None for c in keeper.calls)
+    assert {c.workflow.spec.workflow_id for c in keeper.calls} <= {
+        r.workflow_id for r in by_object.episode.records}
