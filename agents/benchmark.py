@@ -37,7 +37,7 @@ def bench_policy(policy: str = "hexagent", trace: str = "bfcl_v3", cluster: str 
                                            num_workflows=num_workflows, load=load, seed=seed))
     sim = factory.simulator()
     pol = make_policy(policy)
-    result = run_policy(sim, pol)
+    result = run_policy(sim, pol, close=True)
     ms = 1e3 * result.invocation_seconds
     return PolicyBench(policy, result.invocations, float(ms.mean()), float(np.median(ms)),
                        float(np.percentile(ms, 99)), result.scheduler_seconds, result.req99,

@@ -51,7 +51,7 @@ def run_ci_cases(cases=CI_CASES, policies=CI_POLICIES, seed: int = 0) -> list[Ca
                                                load=None, arrival_rate=rate, seed=seed))
         for name in policies:
             try:
-                res = run_policy(factory.simulator(), make_policy(name))
+                res = run_policy(factory.simulator(), make_policy(name), close=True)
                 out.append(CaseResult(cluster, trace, n, rate, name, res.req95, res.req99,
                                       res.scheduler_ms_per_invocation))
             except Exception as exc:  # reported, and fails the check

@@ -63,7 +63,8 @@ class ReferenceRelativeReward(gym.Wrapper):
         key = (base.config, episode_seed)
         hit = self._cache.get(key)
         if hit is None:
-            result = run_policy(base.factory.simulator(episode_seed), make_policy(self.reference))
+            result = run_policy(base.factory.simulator(episode_seed),
+                                make_policy(self.reference), close=True)
             hit = (np.asarray(result.ratios, dtype=float), float(result.req99))
             self._cache[key] = hit
             while len(self._cache) > self._cache_size:

@@ -52,11 +52,11 @@ def bench_core(trace: str = "bfcl_v3", cluster: str = "hetero-1", num_workflows:
         horizons = HorizonCache(spec, tables, prefix_cache=prefix_cache)
         t0 = time.perf_counter()
         Simulator(spec, work, decisions=False, tables=tables, horizons=horizons,
-                  prefix_cache=prefix_cache).run()
+                  prefix_cache=prefix_cache).run(close=True)
         cold.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         result = Simulator(spec, work, decisions=False, tables=tables, horizons=horizons,
-                           prefix_cache=prefix_cache).run()
+                           prefix_cache=prefix_cache).run(close=True)
         warm.append(time.perf_counter() - t0)
     n = result.num_calls
     return CoreBench(trace, cluster, num_workflows, n, rate, 1e6 * min(warm) / n,
@@ -92,7 +92,7 @@ def bench_timeline(policy: str = "hexagent", trace: str = "bfcl_v3", cluster: st
     standalone-horizon cache they share."""
     factory = EpisodeFactory(EpisodeConfig(cluster=cluster, trace=trace,
                                            num_workflows=num_workflows, load=load, seed=seed))
-    run_policy(factory.simulator(), make_policy(policy))
+    run_policy(factory.simulator(), make_policy(policy), close=True)
     best = {False: float("inf"), True: float("inf")}
     result = None
     for _ in range(repeat):
@@ -101,7 +101,7 @@ def bench_timeline(policy: str = "hexagent", trace: str = "bfcl_v3", cluster: st
             pick = make_policy(policy)
             gc.collect()  # a full collection inside one short timed rollout would dominate it
             t0 = time.perf_counter()
-            result = run_policy(sim, pick)
+            result = run_policy(sim, pick, close=True)
             best[record] = min(best[record], time.perf_counter() - t0)
     timeline = result.timeline
     t0 = time.perf_counter()

@@ -146,7 +146,8 @@ def run_row(cluster: str, trace: str, capacity: Capacity, block_tokens: int,
         riders.append(rider_share(workflows))
     row.ideal, row.own, row.riders = _mean(ideal), _mean(own), _mean(riders)
     for name in policies:
-        results = [run_policy(factory.simulator(seed), make_policy(name)) for seed in seeds]
+        results = [run_policy(factory.simulator(seed), make_policy(name), close=True)
+                   for seed in seeds]
         row.hit[name] = _mean([r.prefix_hit_rate for r in results])
         row.req99[name] = _mean([r.req99 for r in results])
     return row

@@ -118,7 +118,7 @@ def cell_episode(cell: Cell, factory: EpisodeFactory | None = None, *,
                          f"episode {cell.factory_config}; build it from cell.factory_config")
     policy = make_policy(cell.policy, **dict(cell.policy_kwargs))
     sim = factory.simulator(cell.episode.seed, record_timeline=record_timeline)
-    return run_policy(sim, policy), factory
+    return run_policy(sim, policy, close=True), factory
 
 
 def run_cell(cell: Cell, factory: EpisodeFactory | None = None, *,
