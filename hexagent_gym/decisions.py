@@ -320,10 +320,18 @@ class DecisionPoint:
         if k >= len(ahead):
             return 0
         rest = ahead[k:]
+        self._record_planned(rest)
+        return len(rest)
+
+    def _record_planned(self, rest: list[tuple[int, int, int, float]]) -> None:
+        """Commit picks ``(slot, p, d, Δ)`` of the computed plan (valid by construction) to Ŝ
+        in one loop, record them and drop what Ŝ's move made stale. The first takes Δ's entry
+        when the tensor is built (as :meth:`pick` does); each commit moves Ŝ, so later ones
+        take the plan's exact Δ."""
         calls, picked = self.calls, self.picked
         picks = [(calls[slot], p, d, value) for slot, p, d, value in rest]
-        delta = self._delta  # built before the first of them: that pick takes its entry (pick);
-        if delta is not None:  # each commit moves Ŝ: later picks take the plan's exact Δ
+        delta = self._delta
+        if delta is not None:
             slot, p, d, _ = rest[0]
             picks[0] = (calls[slot], p, d, delta.item(slot, p, d))
         self.state.commit_prefill_picks(picks, self._cache_aware)
@@ -332,17 +340,6 @@ class DecisionPoint:
             picked[slot] = True
         self._remaining -= len(rest)
         self._state_moved()
-        return len(rest)
-
-    def _record_planned(self, slot: int, p: int, d: int, value: float) -> None:
-        """Commit a prefill-stage pick of the computed plan (valid by construction) to Ŝ and
-        record it; the caller then drops what Ŝ's move made stale (:meth:`_state_moved`)."""
-        call = self.calls[slot]
-        self.state.commit(call, p, d, value, True,
-                          (call.pf_est if self._cache_aware else call.pf_cold)[p])
-        self.plan.append((call, p, d, value))
-        self.picked[slot] = True
-        self._remaining -= 1
 
     def _state_moved(self) -> None:
         """Drop what a commit made stale: Δ and its reductions are recomputed lazily from Ŝ
@@ -437,10 +434,7 @@ class DecisionPoint:
         if planned is not None and planned[0] == slot and planned[1] == p and planned[2] == d:
             # the plan's next pick, valid by construction (risk_plan emits unpicked prefill-stage
             # slots with a finite Δ on the cluster's instances): the commit below without checks
-            delta = self._delta  # Δ as below: the tensor's entry once built, else the plan's
-            self._record_planned(slot, p, d,
-                                 planned[3] if delta is None else delta.item(slot, p, d))
-            self._state_moved()
+            self._record_planned([planned])
             return
         n = len(calls)
         if not 0 <= slot < n:
