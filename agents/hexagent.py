@@ -92,14 +92,18 @@ class HexAgentPolicy(BasePolicy):
         return slot, p, d
 
     def decide(self, dp: DecisionPoint) -> None:
-        """Make the decision's first pick, then the rest of the compiled ranking it computed
-        in one call (``dp.follow_plan``): the picks :meth:`pick` returns one by one (the
-        simulator asks :meth:`pick` for any calls left). A subclass with its own ``pick``
-        (another placement or lookahead) is left to it: its picks may leave the plan anywhere.
+        """Make the picks :meth:`pick` would return one by one: when its first pick is the
+        compiled ranking's (``dp.risk_plan``), the whole plan in one call
+        (``dp.follow_plan``), else that pick and whatever plan follows it (the simulator asks
+        :meth:`pick` for any calls left). A subclass with its own ``pick`` (another placement
+        or lookahead) is left to it: its picks may leave the plan anywhere.
         """
         if type(self).pick is not HexAgentPolicy.pick:
             return
-        dp.pick(*self.pick(dp))
+        first = self.pick(dp)
+        planned = dp.planned_pick()
+        if planned is None or planned[:3] != first:  # else follow_plan makes it with the rest
+            dp.pick(*first)
         dp.follow_plan()
 
     def _ahead_pick(self, dp: DecisionPoint) -> tuple[int, int, int] | None:
