@@ -396,7 +396,9 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
             deterministic: passed to ``model.predict``.
 
         A model rollout resets this env and leaves it at the end of the episode; ``max_steps``
-        does not truncate a rollout.
+        does not truncate a rollout. With a policy name, the episode's simulator (built and
+        used only here) is freed as soon as the result is built (``Engine.close``); a policy
+        object's episode is not, since the policy may keep calls and read their workflows.
         """
         return rollout(self, policy, seed=seed, deterministic=deterministic)
 
