@@ -148,3 +148,27 @@ def test_filled_horizons_are_the_ones_episodes_compute_on_arrival():
     for wf in sim.workflows:  # the same float as the arrival computed, and no new entry
         assert filled.horizons.get(wf.spec) == wf.horizon
     assert filled.fill_horizons() == len(filled.trace.workflows)
+
+
+def test_a_replayed_call_reads_as_the_call_it_stands_for():
+    """_chain_time's light stand-in holds, for every field the placement rule and the cache
+    view read, what a full Call of the same spec holds (no estimation error, the true output
+    length as the prediction, the cold prefill times), for every call of a trace's chains."""
+    from hexagent_gym.cluster import load_cluster
+    from hexagent_gym.cluster_tables import ClusterTables
+    from hexagent_gym.entities import Call
+    from hexagent_gym.horizon import _Replayed
+    from hexagent_gym.workload import load_trace
+
+    tables = ClusterTables(load_cluster("hetero-1"))
+    checked = 0
+    for spec in load_trace("bfcl_v3").workflows[:40]:
+        for i, cs in enumerate(spec.calls):
+            full = Call(i, None, i, cs, cs.output_tokens, 1.0, 1.0)
+            full.pf_true, full.pf_cls = tables.prefill_times(cs.input_tokens)
+            full.pf_est = full.pf_cold = full.pf_true
+            light = _Replayed(cs, *tables.prefill_times(cs.input_tokens))
+            for name in _Replayed.__slots__:
+                assert getattr(light, name) == getattr(full, name), name
+            checked += 1
+    assert checked > 100
