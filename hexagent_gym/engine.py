@@ -283,8 +283,7 @@ class Engine(InstanceFlow, PlanFlow):
         that would leave them to Python's cyclic garbage collector (each call's ``workflow``
         link, which becomes None, and the engine's table of its own bound handlers). Reference
         counting then frees every workflow and call that nobody else holds, at once, instead of
-        a later full collection traversing them all (at 64 + 64 instances that collection cost
-        about a tenth of a rollout; docs/performance.md).
+        a later full collection traversing them all (its cost: docs/performance.md).
 
         Afterwards the simulator cannot run (RuntimeError) and its ``workflows`` and
         ``finished`` are empty; calls a policy kept lose their workflow. Build the result

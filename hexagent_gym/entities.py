@@ -139,7 +139,6 @@ class Call:
         return new
 
 
-
 _CALL_SHARED_SLOTS = tuple(n for n in Call.__slots__ if n not in ("workflow", "lead"))
 
 

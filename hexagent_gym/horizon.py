@@ -209,8 +209,8 @@ class _Replayed:
     """A call as :func:`_chain_time` replays it: the fields that the placement rule
     (:func:`~hexagent_gym.placement.earliest_pair`) and the cache view read, equal to those of
     a :class:`~hexagent_gym.entities.Call` of the same spec with no estimation error and its
-    true output length as the prediction (tested). A full Call per replayed call cost about a
-    fifth of the replay."""
+    true output length as the prediction (tested); cheaper to build than a full Call, which a
+    replay would build per call (docs/performance.md)."""
 
     __slots__ = ("spec", "l_in", "l_out_pred", "kv_true", "kv_pred", "pf_err", "dec_err",
                  "pf_true", "pf_cls", "pf_cold", "pf_est", "cached")
