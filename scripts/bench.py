@@ -96,11 +96,19 @@ def main(argv: list[str] | None = None) -> int:
                 for name, r in (("equivariant", ppo.run("equivariant")),
                                 ("MultiInput", ppo.run("mlp")))))
         if not args.no_scaling:
-            from envs.benchmark import bench_scaling
+            import numpy as np
+
+            from envs.benchmark import bench_cartpole, bench_scaling
             from hexagent_gym import kernels
 
+            def yardstick() -> float:  # the machine's speed around the table (best of 3)
+                return max(bench_cartpole(20_000, np.random.default_rng(args.seed))
+                           for _ in range(3))
+
+            before = yardstick()
             rows = bench_scaling("hexagent", args.trace, args.policy_load, seed=args.seed,
                                  repeat=args.repeat)
+            after = yardstick()
             compiled = ("compiled kernels" if kernels.best_prefill_pairs is not None
                         else "pure-Python rules")
             print(f"\nscaling through env.rollout('hexagent') on {args.trace} at load "
@@ -116,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r.num_calls:>7} {r.us_per_call_first:>7.1f} {r.us_per_call:>7.1f} "
                       f"{r.gc_us_per_call:>5.1f} {r.laps:>4} {r.ms_per_invocation:>7.3f} "
                       f"{r.picks_per_call:>10.2f} {r.req99:>6.3f}")
+            print(f"  CartPole-v1 steps/s just before and after the table: {before:.0f}, "
+                  f"{after:.0f} (this machine's speed then; compare rows within one table)")
 
     if not args.ci:
         return 0
