@@ -16,6 +16,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from agents.benchmark import bench_policy, bench_ppo
 from agents.regression import check, format_table, load_baseline, run_ci_cases, save_baseline
 from hexagent_gym.benchmark import bench_core, bench_timeline
@@ -96,8 +98,6 @@ def main(argv: list[str] | None = None) -> int:
                 for name, r in (("equivariant", ppo.run("equivariant")),
                                 ("MultiInput", ppo.run("mlp")))))
         if not args.no_scaling:
-            import numpy as np
-
             from envs.benchmark import bench_cartpole, bench_scaling
             from hexagent_gym import kernels
 
