@@ -368,11 +368,11 @@ class DecisionPoint:
             for c in self.calls:  # one loop, not six comprehensions (each a frame in 3.11)
                 pfs.append(c.pf_est if cache_aware else c.pf_cold)  # self._pf(c)
                 xs.append(xcols(c.l_in))
-                fixed = c.consts  # constants(c), kept on the call after its first projection
-                weight, own_ctx, kv = constants(c) if fixed is None else fixed
-                weights.append(weight)
-                own_ctxs.append(own_ctx)
-                kvs.append(kv)
+                if c.dec_weight is None:  # kept on the call after its first projection
+                    constants(c)
+                weights.append(c.dec_weight)
+                own_ctxs.append(c.own_ctx)
+                kvs.append(c.kv_demand)
                 kv_trues.append(c.kv_true)
             self._kin = kin
         return self._kin

@@ -341,7 +341,9 @@ class Engine(InstanceFlow, PlanFlow):
         else:
             if rng is None:
                 raise ValueError("estimation_error > 0 needs the episode's rng")
-            self._err = (1.0 + level * rng.uniform(-1.0, 1.0, size=(total, 3))).tolist()
+            # (prefill, decode, length) errors of call i at 3i, 3i+1, 3i+2: one flat list, not a
+            # list per call for the garbage collector to track through the episode
+            self._err = (1.0 + level * rng.uniform(-1.0, 1.0, size=(total, 3))).ravel().tolist()
         # predicted output lengths, drawn after the error factors (the oracle draws nothing)
         if self.predictor.name == "oracle":
             self._pred = None
@@ -373,7 +375,8 @@ class Engine(InstanceFlow, PlanFlow):
             if err is None:
                 c = Call(base + k, wf, k, cs, out, 1.0, 1.0)
             else:
-                pf_e, dec_e, out_e = err[base + k]
+                j = 3 * (base + k)
+                pf_e, dec_e, out_e = err[j], err[j + 1], err[j + 2]
                 c = Call(base + k, wf, k, cs, max(1, round(out * out_e)), pf_e, dec_e)
             if self.decode_admission == "true-demand":
                 c.kv_res = c.kv_free = c.kv_true
@@ -392,7 +395,7 @@ class Engine(InstanceFlow, PlanFlow):
         call.state = _CALLSTATE_WAITING_PREFILL
         call.reveal_t = self.now
         call.reveal_seq = seq = next(self._reveal_seq)
-        call.queue_key = (UNPLANNED, seq)
+        call.queue_key = UNPLANNED + seq
         wf = call.workflow
         wf.open_calls.append(call)
         lead = call.lead
@@ -412,9 +415,9 @@ class Engine(InstanceFlow, PlanFlow):
         err = call.pf_err
         if err == 1.0:
             call.pf_cold, call.pf_cls, alone_est = times, per_class, alone
-        else:
-            call.pf_cold = [x * err for x in times]
-            call.pf_cls = [x * err for x in per_class]
+        else:  # tuples: the collector stops tracking them at its first pass (not so lists)
+            call.pf_cold = tuple([x * err for x in times])
+            call.pf_cls = tuple([x * err for x in per_class])
             alone_est = [x * err for x in alone] if own else call.pf_cold
         call.pf_est = call.pf_cold
         self._waiting_prefill[call.uid] = call

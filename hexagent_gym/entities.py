@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from hexagent_gym import kernels
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from hexagent_gym.latency import LatencyModel
     from hexagent_gym.workload import CallSpec, WorkflowSpec
 
@@ -33,10 +35,14 @@ class CallState(IntEnum):
 
 
 # Queue keys: preempted calls first (back at the front of their decode queue), then planned
-# calls, then unplanned ones; within each group by preemption / rank / reveal order.
-PREEMPTED = -1
+# calls, then unplanned ones; within each group by preemption / rank / reveal order. A key is one
+# int, the group's base plus the order within it (below 2**40: counters of one episode), so it
+# orders as the pair (group, order) would: an int is not tracked by the garbage collector and
+# compares faster than a tuple, and every call holds one key to its episode's end.
+_GROUP = 1 << 40
+PREEMPTED = -_GROUP
 PLANNED = 0
-UNPLANNED = 1
+UNPLANNED = _GROUP
 
 
 class Call:
@@ -51,7 +57,7 @@ class Call:
         "pf_cold", "pf_run", "pf_queued", "cached", "hit", "held", "lead", "width",
         "group_left", "kv_free", "kv_res", "generated", "preempted", "moved", "decode_wait",
         "wait_since", "kv_blocked", "admit_seq", "ctx_term", "true_term", "view_levels",
-        "ctx_share", "consts",
+        "ctx_share", "dec_weight", "own_ctx", "kv_demand",
     )
 
     def __init__(self, uid: int, workflow: Workflow, index: int, spec: CallSpec,
@@ -69,9 +75,13 @@ class Call:
         # place this sum's term is written (reservations, releases and Ŝ read it; a plain slot,
         # not a property, as it is read several times per pick; form_group rewrites it)
         self.ctx_share = spec.input_tokens + 0.5 * l_out_pred
-        # (weight, mean own context, predicted KV) of the projections, set at its first
-        # projection (Projections.call_constants): fixed once the workflow has arrived
-        self.consts: tuple[float, float, float] | None = None
+        # the projections' (weight, mean own context, predicted KV), set at its first projection
+        # (Projections.call_constants; dec_weight None until then): fixed once the workflow
+        # has arrived. Three float slots, not a tuple: a tuple per call would be tracked by the
+        # garbage collector and bring every collection nearer (docs/performance.md)
+        self.dec_weight: float | None = None
+        self.own_ctx = 0.0
+        self.kv_demand = 0.0
         self.kv_res = self.kv_pred  # KV the decode instance reserves at admission (predicted)
         self.kv_free = self.kv_res  # reservation its finish returns (a group: its prompt last)
         self.pf_err = pf_err
@@ -79,12 +89,14 @@ class Call:
         self.state = CallState.HIDDEN
         self.reveal_t = -1.0
         self.reveal_seq = -1
-        self.pf_true: list[float] = []  # true prefill seconds per prefill instance
-        self.pf_est: list[float] = []  # scheduler-visible prefill seconds per prefill instance
-        self.pf_cls: list[float] = []  # the same per prefill class (ClusterTables.pf_models)
+        # Per-instance and per-class prefill seconds, set on reveal (empty until then). Each is
+        # replaced, never changed in place: calls share them (tuples cached by prompt length)
+        self.pf_true: Sequence[float] = ()  # true prefill seconds per prefill instance
+        self.pf_est: Sequence[float] = ()  # scheduler-visible seconds per prefill instance
+        self.pf_cls: Sequence[float] = ()  # the same per prefill class (ClusterTables.pf_models)
         self.prefill_inst = -1
         self.decode_inst = -1
-        self.queue_key: tuple[int, int] = (UNPLANNED, 0)
+        self.queue_key = UNPLANNED  # group base + order (the module's queue keys)
         self.pending_parents = len(spec.parents)
         self.prefill_start = -1.0
         self.prefill_end = -1.0
@@ -99,7 +111,7 @@ class Call:
         self.est_duration = 0.0  # scheduler's standalone duration estimate (best pair, alone)
         self.service = 0.0  # ATLAS: attained service along the critical path up to this call
         self.proj_release = 0.0  # projected decode finish when placed (planner's reservation)
-        self.pf_cold: list[float] = []  # scheduler-visible prefill seconds with no cache hit
+        self.pf_cold: Sequence[float] = ()  # scheduler-visible prefill seconds with no cache hit
         self.pf_run = 0.0  # scheduler-visible seconds of its prefill once started
         self.pf_queued = 0.0  # the estimate its prefill queue counts for it (queued_est)
         self.cached: tuple[int, ...] | None = None  # prompt tokens cached per instance (None: 0)

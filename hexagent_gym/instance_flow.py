@@ -72,7 +72,7 @@ class InstanceFlow:
         if call.width > 1:
             for r in call_riders(call):
                 r.state = _CALLSTATE_WAITING_DECODE
-        call.queue_key = (UNPLANNED, next(self._fifo_seq))
+        call.queue_key = UNPLANNED + next(self._fifo_seq)
         self.decode[call.decode_inst].waiting.append(call)
         self._waiting_decode[call.uid] = call
         if self._decide:
@@ -138,7 +138,7 @@ class InstanceFlow:
         victim.kv_res = victim.kv_free = min(need, inst.capacity)
         victim.state = _CALLSTATE_WAITING_DECODE
         victim.wait_since = self.now
-        victim.queue_key = (PREEMPTED, next(self._fifo_seq))  # back to the queue's front
+        victim.queue_key = PREEMPTED + next(self._fifo_seq)  # back to the queue's front
         inst.waiting.append(victim)
         inst.inbound[victim.uid] = victim
         self._waiting_decode[victim.uid] = victim

@@ -102,10 +102,10 @@ class PlanFlow:
                     self._unplace(call)
                     self._enqueue_prefill(call, p, d)
                 call.proj_release = origin + delta
-                call.queue_key = (PLANNED, rank)
+                call.queue_key = PLANNED + rank
             for call in self._waiting_prefill.values():
                 if call.uid not in planned:
-                    call.queue_key = (UNPLANNED, call.reveal_seq)
+                    call.queue_key = UNPLANNED + call.reveal_seq
                     if call.prefill_inst < 0:
                         self._place_fallback(call)
         else:
@@ -116,11 +116,11 @@ class PlanFlow:
                     if d != call.decode_inst:
                         self._move(call, d)
                         continue
-                    call.queue_key = (PLANNED, rank)
+                    call.queue_key = PLANNED + rank
                     self._mark_decode(d)
             for call in self._waiting_decode.values():
-                if call.uid not in planned and call.queue_key[0] == PLANNED:
-                    call.queue_key = (UNPLANNED, next(self._fifo_seq))
+                if call.uid not in planned and PLANNED <= call.queue_key < UNPLANNED:
+                    call.queue_key = UNPLANNED + next(self._fifo_seq)
 
     def _move(self, call: Call, d: int) -> None:
         """Re-place a free waiting decode call on decode instance ``d``: its KV is sent again

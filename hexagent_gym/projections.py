@@ -223,13 +223,14 @@ class Projections:
     def call_constants(call: Call) -> tuple[float, float, float]:
         """(weight, mean own context, predicted KV demand) of ``call``: fixed once its
         workflow has arrived (sample groups are formed then), so computed at its first
-        projection and kept on the call (``Call.consts``) for every later decision."""
-        fixed = call.consts
-        if fixed is None:
+        projection and kept on the call (``Call.dec_weight``, ``own_ctx``, ``kv_demand``) for
+        every later decision."""
+        if call.dec_weight is None:
             l_out = float(call.l_out_pred)
-            kv = float(call.kv_pred)  # as CallBatch.kv_pred (a sample group: its whole demand)
-            fixed = call.consts = (l_out * call.dec_err, mean_own_context(call.l_in, l_out), kv)
-        return fixed
+            call.own_ctx = mean_own_context(call.l_in, l_out)
+            call.kv_demand = float(call.kv_pred)  # as CallBatch.kv_pred (a group: its whole demand)
+            call.dec_weight = l_out * call.dec_err
+        return call.dec_weight, call.own_ctx, call.kv_demand
 
     def _decode_terms_all(self, call: Call) -> tuple[list[float], list[float]]:
         """(earliest start, decode end − now) of ``call`` on every decode instance under Ŝ, in

@@ -2,7 +2,8 @@
 
 ``PlanState.commit_prefill_picks`` must leave Ŝ exactly as :meth:`PlanState.commit` of each pick
 in turn (``DecisionPoint.follow_plan`` relies on it); the call's ``ctx_share`` slot and its kept
-``consts`` must equal what their formulas give, sample groups included.
+``dec_weight``, ``own_ctx`` and ``kv_demand`` must equal what their formulas give, sample groups
+included.
 """
 
 from __future__ import annotations
@@ -139,9 +140,9 @@ def test_ctx_share_and_kept_constants_follow_their_formulas():
     kept = 0
     for c in calls:
         assert c.ctx_share == c.l_in + 0.5 * c.l_out_pred
-        if c.consts is not None:
+        if c.dec_weight is not None:
             l_out = float(c.l_out_pred)
-            assert c.consts == (l_out * c.dec_err, mean_own_context(c.l_in, l_out),
-                                float(c.kv_pred))
+            assert (c.dec_weight, c.own_ctx, c.kv_demand) == (
+                l_out * c.dec_err, mean_own_context(c.l_in, l_out), float(c.kv_pred))
             kept += 1
     assert kept > 500  # riders are planned through their leaders: many keep none
