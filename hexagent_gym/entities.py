@@ -90,7 +90,7 @@ class Call:
         self.reveal_t = -1.0
         self.reveal_seq = -1
         # Per-instance and per-class prefill seconds, set on reveal (empty until then). Each is
-        # replaced, never changed in place: calls share them (tuples cached by prompt length)
+        # replaced, never changed in place: calls may share one (ClusterTables caches them)
         self.pf_true: Sequence[float] = ()  # true prefill seconds per prefill instance
         self.pf_est: Sequence[float] = ()  # scheduler-visible seconds per prefill instance
         self.pf_cls: Sequence[float] = ()  # the same per prefill class (ClusterTables.pf_models)
