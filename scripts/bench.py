@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                             num_workflows=args.num_workflows, repeat=args.repeat, **serving)
             print(f"env steps/s (random valid actions, K={env.k}) on {args.cluster} / "
                   f"{args.trace}, {label}: {env.steps_per_s:.0f} ({env.us_per_step:.1f} "
-                  f"us/step, {env.picks_per_decision:.2f} picks per decision point); "
+                  f"us/step, {env.picks_per_decision:.2f} picks per decision point, garbage "
+                  f"collector {100 * env.gc_share:.1f} % of the timed runs); "
                   f"CartPole-v1 in the same run: {env.cartpole_steps_per_s:.0f} "
                   f"(ratio {env.steps_per_s / env.cartpole_steps_per_s:.2f})")
         if not args.no_ppo:

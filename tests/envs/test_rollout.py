@@ -276,3 +276,21 @@ def test_rollout_frees_its_own_episode_and_leaves_a_users_calls_intact():
     assert keeper.calls and all(c.workflow is not None for c in keeper.calls)
     assert {c.workflow.spec.workflow_id for c in keeper.calls} <= {
         r.workflow_id for r in by_object.episode.records}
+
+
+def test_env_bench_reports_the_collectors_share_of_its_timed_runs():
+    import gc
+
+    from envs.benchmark import bench_env
+
+    callbacks = list(gc.callbacks)
+    r = bench_env(cluster="tiny-2p2d", trace="mixed", num_workflows=6, steps=1500, repeat=2)
+    assert gc.callbacks == callbacks  # its clock is gone
+    assert r.steps == 1500 and r.episodes >= 1 and r.decisions > 0
+    assert 0.0 <= r.gc_share < 1.0 and r.steps_per_s > 0 and r.cartpole_steps_per_s > 0
+    gc.disable()
+    try:  # no collection can run: none is counted
+        assert bench_env(cluster="tiny-2p2d", trace="mixed", num_workflows=6, steps=300,
+                         repeat=1).gc_share == 0.0
+    finally:
+        gc.enable()
