@@ -85,6 +85,9 @@ def bench_env(cluster: str = "hetero-1", trace: str = "bfcl_v3", num_workflows: 
     runs: a training run's steady state (a cold cache would add every workflow's first
     standalone replay to the steps that reveal it).
     """
+    if repeat < 1 or steps < 1:
+        raise ValueError(f"bench_env needs steps >= 1 and repeat >= 1 timed runs, got steps="
+                         f"{steps}, repeat={repeat}")
     env = PDClusterEnv(cluster=cluster, trace=trace, num_workflows=num_workflows, seed=seed,
                        **overrides)
     rng = np.random.default_rng(seed)

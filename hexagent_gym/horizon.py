@@ -27,6 +27,7 @@ from hexagent_gym.prefix_cache import cache_view
 
 if TYPE_CHECKING:
     from hexagent_gym.cluster import ClusterSpec
+    from hexagent_gym.entities import Workflow
     from hexagent_gym.specs import CallSpec
     from hexagent_gym.workload import WorkflowSpec
 
@@ -67,13 +68,10 @@ class HorizonCache:
         m = _FIRST_CUT
         while m < self._widest:
             sub, tables, last_p, last_d = self._cut(m)
-            sim = _simulation(sub, spec, tables, **serving)
-            calls = sim.workflows[0].calls
-            finish = sim.workflows[0].finish_t
-            sim.close()  # freed now, not by a later collection (its calls stay readable here)
-            if not (last_p & {c.prefill_inst for c in calls}
-                    or last_d & {c.decode_inst for c in calls}):
-                return finish  # the cut never mattered: exact
+            wf = _standalone_run(sub, spec, tables, **serving)
+            if not (last_p & {c.prefill_inst for c in wf.calls}
+                    or last_d & {c.decode_inst for c in wf.calls}):
+                return wf.finish_t  # the cut never mattered: exact
             m *= 2
         return _simulated_time(self.cluster, spec, self.tables, **serving)
 
@@ -233,10 +231,17 @@ def _never_binds(d: int, need: float, over: int) -> float:
 
 def _simulated_time(cluster: ClusterSpec, spec: WorkflowSpec, tables: ClusterTables,
                     **serving) -> float:
+    return _standalone_run(cluster, spec, tables, **serving).finish_t
+
+
+def _standalone_run(cluster: ClusterSpec, spec: WorkflowSpec, tables: ClusterTables,
+                    **serving) -> Workflow:
+    """The workflow of :func:`_simulation`, its simulator closed (freed now, not by a later
+    collection; the workflow's calls, finish time and placements stay readable)."""
     sim = _simulation(cluster, spec, tables, **serving)
-    finish = sim.workflows[0].finish_t
+    wf = sim.workflows[0]
     sim.close()
-    return finish
+    return wf
 
 
 def _simulation(cluster: ClusterSpec, spec: WorkflowSpec, tables: ClusterTables,

@@ -294,3 +294,10 @@ def test_env_bench_reports_the_collectors_share_of_its_timed_runs():
                          repeat=1).gc_share == 0.0
     finally:
         gc.enable()
+
+
+def test_env_bench_refuses_no_timed_run():
+    from envs.benchmark import bench_env
+
+    with pytest.raises(ValueError, match=r"repeat >= 1 timed runs, got steps=10, repeat=0"):
+        bench_env(cluster="tiny-2p2d", trace="mixed", num_workflows=6, steps=10, repeat=0)
