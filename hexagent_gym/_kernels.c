@@ -11,6 +11,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <numpy/arrayobject.h>
 #include <math.h>
 #include <stdlib.h>
@@ -878,10 +879,48 @@ static const char *const attr_names[A_COUNT] = {
     "waiting"};
 static PyObject *attr_str[A_COUNT];
 
+/* Where each name lives in the last type it was read from, when that type keeps it in a
+ * __slots__ slot (the core's entities do): a slot read is then a load at a fixed offset, as the
+ * slot's member descriptor itself does, instead of the generic attribute lookup (an MRO cache
+ * probe, the descriptor's call and its checks, several times the read). The type is held (so
+ * its address cannot be reused by another type) and its version tag checked on every read
+ * (assigning to a type attribute changes it). */
+typedef struct {
+    PyTypeObject *type;
+    unsigned int version;
+    Py_ssize_t offset;
+} SlotAt;
+static SlotAt slot_at[A_COUNT];
+
+/* obj.<name>, a new reference (NULL with an error set, as PyObject_GetAttr). */
+static PyObject *attr(PyObject *obj, int name) {
+    PyTypeObject *tp = Py_TYPE(obj);
+    SlotAt *where = &slot_at[name];
+    if (where->type != tp || where->version != tp->tp_version_tag ||
+        !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+        /* the generic lookup applies unless the type keeps name in a plain object slot and
+         * reads attributes the default way (no __getattribute__ of its own) */
+        PyObject *descr = tp->tp_getattro == PyObject_GenericGetAttr
+                              ? _PyType_Lookup(tp, attr_str[name]) : NULL; /* borrowed */
+        if (descr == NULL || Py_TYPE(descr) != &PyMemberDescr_Type ||
+            ((PyMemberDescrObject *)descr)->d_member->type != T_OBJECT_EX ||
+            !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG))
+            return PyObject_GetAttr(obj, attr_str[name]);
+        Py_INCREF(tp);
+        Py_XSETREF(where->type, tp);
+        where->version = tp->tp_version_tag;
+        where->offset = ((PyMemberDescrObject *)descr)->d_member->offset;
+    }
+    PyObject *v = *(PyObject **)((char *)obj + where->offset);
+    if (v == NULL) return PyObject_GetAttr(obj, attr_str[name]); /* unset: its AttributeError */
+    Py_INCREF(v);
+    return v;
+}
+
 /* obj.<name> as a double (attr_num) or len(obj.<name>) (attr_len); with an error set when the
  * attribute is missing or of the wrong kind (the caller checks PyErr_Occurred). */
 static double attr_num(PyObject *obj, int name) {
-    PyObject *v = PyObject_GetAttr(obj, attr_str[name]);
+    PyObject *v = attr(obj, name);
     if (v == NULL) return NAN;
     double x = num(v);
     Py_DECREF(v);
@@ -889,7 +928,7 @@ static double attr_num(PyObject *obj, int name) {
 }
 
 static double attr_len(PyObject *obj, int name) {
-    PyObject *v = PyObject_GetAttr(obj, attr_str[name]);
+    PyObject *v = attr(obj, name);
     if (v == NULL) return -1.0;
     Py_ssize_t n = PyObject_Size(v);
     Py_DECREF(v);
@@ -967,7 +1006,7 @@ static PyObject *begin_rows(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_ssize_t running_n = 0, batched = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *call = at(calls, i);
-        wf = PyObject_GetAttr(call, attr_str[A_WORKFLOW]);
+        wf = attr(call, A_WORKFLOW);
         if (wf == NULL) goto done;
         /* read one by one, stopping at the first error (no API call with an error set) */
         static const int from_wf[5] = {A_ARRIVAL, A_H_EST, A_NUM_DONE, A_SERVICE, A_OPEN_CALLS};
@@ -999,7 +1038,7 @@ static PyObject *begin_rows(PyObject *self, PyObject *const *args, Py_ssize_t na
         float *out = table + i * tw;
         for (int j = 0; j < 14; j++) out[j] = clipped(row[j], clip);
         if (decode_stage) continue;
-        hits = PyObject_GetAttr(call, attr_str[A_CACHED]);
+        hits = attr(call, A_CACHED);
         if (hits == NULL) goto done;
         if (hits != Py_None) {
             if (!is_seq(hits, "Call.cached")) goto done;
@@ -1018,7 +1057,7 @@ static PyObject *begin_rows(PyObject *self, PyObject *const *args, Py_ssize_t na
         Py_CLEAR(hits);
     }
     for (Py_ssize_t p = 0; p < P; p++) {
-        PyObject *inst = at(pinst, p), *running = PyObject_GetAttr(inst, attr_str[A_RUNNING]);
+        PyObject *inst = at(pinst, p), *running = attr(inst, A_RUNNING);
         if (running == NULL) goto done;
         double queued = attr_len(inst, A_QUEUE);
         if (PyErr_Occurred()) {

@@ -722,6 +722,69 @@ def test_compiled_begin_rows_by_hand_and_equal_to_python(decode_stage):
         np.testing.assert_array_equal(a, b)
 
 
+def _slotted(ns, cls=None):
+    """A copy of a namespace as an instance of a __slots__ class (the core's entities are
+    slotted: the compiled begin_rows reads their slots directly)."""
+    cls = cls or type("Slotted", (), {"__slots__": tuple(vars(ns))})
+    obj = cls()
+    for k, v in vars(ns).items():
+        if not isinstance(getattr(cls, k, None), property):  # (a subclass's override)
+            setattr(obj, k, v)
+    return obj
+
+
+def test_compiled_begin_rows_reads_slots_as_attributes_do():
+    """The direct slot reads give what attribute access gives: for slotted objects, for a
+    subclass that overrides a slot with a property, after a class attribute is reassigned
+    (a new lookup), and an unset slot raises the AttributeError naming it."""
+    fn = kernels._compiled.begin_rows
+    calls, prefill, decode = _begin_fixture()
+
+    def run(calls, prefill=prefill, decode=decode):
+        table, cached = np.zeros((3, 14), np.float32), np.zeros((3, 2), np.float32)
+        pre, dec = np.zeros((2, 4), np.float32), np.zeros((2, 3), np.float32)
+        age, h, running, batched = fn(calls, False, 5.0, 0.5, 100.0, 10.0, table, cached, 0,
+                                      prefill, pre, decode, dec, [4.0, 2.0], (0, 1, 2, 0),
+                                      np.zeros(1, np.float32), (0.0,))
+        return age, h, running, batched, table.tolist(), cached.tolist(), pre.tolist(), \
+            dec.tolist()
+
+    call_cls = type("CallS", (), {"__slots__": tuple(vars(calls[0]))})
+    wf_cls = type("WorkflowS", (), {"__slots__": tuple(vars(calls[0].workflow))})
+
+    def slotted_call(ns, cls=call_cls):
+        copy = _slotted(ns, cls)
+        copy.workflow = _slotted(ns.workflow, wf_cls)
+        return copy
+
+    want = run(calls)
+    slotted = [slotted_call(c) for c in calls]
+    insts = [_slotted(x) for x in prefill], [_slotted(x) for x in decode]
+    for _ in range(2):  # the second pass reads through the kept offsets
+        assert run(slotted, *insts) == want
+
+    class Override(call_cls):  # a property shadows the slot: it is what an attribute reads
+        __slots__ = ()
+        est_duration = property(lambda self: 8.0)
+
+    from types import SimpleNamespace as NS
+    assert run([slotted_call(calls[0], Override), slotted[1]]) == run(
+        [NS(**{**vars(calls[0]), "est_duration": 8.0}), calls[1]])
+    assert run(slotted) == want  # and the base type's slot is read again afterwards
+
+    call_cls.l_out_pred = property(lambda self: 1000)  # the class changed: looked up anew
+    try:
+        assert run(slotted) == run([NS(**{**vars(c), "l_out_pred": 1000}) for c in calls])
+    finally:
+        del call_cls.l_out_pred  # (the slot's descriptor is gone with it; a fresh class
+    unset = type("Unset", (), {"__slots__": tuple(vars(calls[0]))})()  # for the last check)
+    for k, v in vars(calls[0]).items():
+        if k != "l_out_pred":
+            setattr(unset, k, v)
+    with pytest.raises(AttributeError, match="l_out_pred"):
+        run([unset])
+
+
 def test_compiled_begin_rows_errors_name_the_problem():
     from types import SimpleNamespace as NS
     fn = kernels._compiled.begin_rows
