@@ -22,7 +22,8 @@ import numpy as np
 
 from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.engine import Engine
-from hexagent_gym.planner import ClusterTables, earliest_pair
+from hexagent_gym.placement import decode_scan, earliest_pair
+from hexagent_gym.planner import ClusterTables
 from hexagent_gym.prefix_cache import cache_view
 
 if TYPE_CHECKING:
@@ -175,6 +176,7 @@ def _chain_time(tables: ClusterTables, spec: WorkflowSpec, prefix_cache: bool = 
     """
     P, D = tables.num_prefill, tables.num_decode
     zeros_f, zeros_i = [0.0] * D, [0] * D
+    scan = decode_scan(tables, zeros_f, zeros_i, zeros_f)  # the idle cluster's, every call's
     holders: dict[int, int] = {}  # block id -> bit mask of the prefill instances holding it
     block = spec.block_tokens
     cls = tables.pf_class_list
@@ -186,7 +188,7 @@ def _chain_time(tables: ClusterTables, spec: WorkflowSpec, prefix_cache: bool = 
         if prefix_cache:
             call.cached, call.pf_est = cache_view(tables, holders, block, call)
         p, d, _ = earliest_pair(tables, now, [now] * P, zeros_f, zeros_i, zeros_f, call,
-                                _never_binds)
+                                _never_binds, scan)
         if prefix_cache:  # as the engine's prefill start: the blocks p holds, capped at L_in
             hit = call.cached[p] if call.cached is not None else 0
             now = now + tables.prefill_times_hit(cs.input_tokens, hit)[cls[p]]
