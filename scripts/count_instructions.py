@@ -1,0 +1,143 @@
+"""Count the CPU instructions of one env step or one simulated call, exactly, with valgrind.
+
+Wall time on a shared 2-core machine moves by a third within minutes; the instruction count
+of the same code does not, once numpy's OpenBLAS runs on one thread (its idle worker threads
+spin, and valgrind, running threads one at a time, counts the spinning: docs/performance.md,
+"Counting instructions exactly"). Each figure is the difference of two child processes under
+valgrind that do the same set-up and then run the measured part zero times or once, so
+start-up, imports and the set-up cancel; the garbage collector is off in the measured part
+(whether a collection lands in it would move the count).
+
+Usage:
+    python scripts/count_instructions.py step      # per env.step: random valid actions, K = 16
+    python scripts/count_instructions.py rollout   # per simulated call: a warm HexAgent rollout
+    python scripts/count_instructions.py first     # per simulated call: a fresh env's first
+                                                   # rollout (every standalone horizon in it)
+    python scripts/count_instructions.py rollout --cluster hetero-1-x8 --num-workflows 3200
+
+Each child takes 20–60 s under valgrind (hetero-1, 400 workflows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from envs.benchmark import random_valid_steps
+from envs.pd_cluster_env import PDClusterEnv
+
+WHAT = ("step", "rollout", "first")
+UNIT = {"step": "env step", "rollout": "simulated call", "first": "simulated call"}
+WARM_UP_STEPS = 4000  # random steps before a step count: the env's steady state
+_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def instructions_from(report: str) -> int:
+    """The total of valgrind's ``I refs:`` line in a cachegrind report (its stderr)."""
+    found = _REFS.search(report)
+    if found is None:
+        tail = "\n".join(report.strip().splitlines()[-5:])
+        raise ValueError(f"no 'I refs:' line in valgrind's output; its end was:\n{tail}")
+    return int(found.group(1).replace(",", ""))
+
+
+def child_command(args: argparse.Namespace, run: int) -> list[str]:
+    """The valgrind command of one child: the set-up, then the measured part ``run`` times."""
+    return ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+            sys.executable, str(Path(__file__).resolve()), args.what, "--child", str(run),
+            "--cluster", args.cluster, "--trace", args.trace,
+            "--num-workflows", str(args.num_workflows), "--load", str(args.load),
+            "--policy", args.policy, "--steps", str(args.steps), "--seed", str(args.seed)]
+
+
+def child_env() -> dict[str, str]:
+    """The children's environment: one BLAS thread, fixed string hashing, the repo importable."""
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONHASHSEED="0")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def measure(args: argparse.Namespace) -> int:
+    """Run the measured part once (``args.child`` = 1) or not at all after the set-up; return
+    the units it ran (env steps or simulated calls; 0 when not run)."""
+    overrides = {"load": args.load} if args.what != "step" else {}
+    env = PDClusterEnv(cluster=args.cluster, trace=args.trace,
+                       num_workflows=args.num_workflows, seed=args.seed, **overrides)
+    rng = np.random.default_rng(args.seed)
+    if args.what == "step":
+        env.factory.fill_horizons()
+        random_valid_steps(env, WARM_UP_STEPS, rng)
+    elif args.what == "rollout":
+        env.rollout(args.policy)  # the horizons and the tables' caches, filled
+    gc.collect()
+    gc.disable()
+    try:
+        if not args.child:
+            return 0
+        if args.what == "step":
+            random_valid_steps(env, args.steps, rng)
+            return args.steps
+        return env.rollout(args.policy).num_calls
+    finally:
+        gc.enable()
+
+
+def count(args: argparse.Namespace) -> tuple[float, int]:
+    """(instructions per unit, units) from the two children."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("count_instructions: valgrind is not on PATH; install it (Debian and "
+                         "Ubuntu: apt install valgrind) or use scripts/bench.py's wall times")
+    totals, units = [], 0
+    for run in (0, 1):
+        done = subprocess.run(child_command(args, run), capture_output=True, text=True,
+                              env=child_env(), check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"count_instructions: the child ({args.what}, run {run}) failed "
+                             f"with exit code {done.returncode}:\n{done.stderr[-2000:]}")
+        totals.append(instructions_from(done.stderr))
+        units = int(done.stdout.split()[-1])
+    if units < 1:
+        raise SystemExit(f"count_instructions: the measured {args.what} ran no "
+                         f"{UNIT[args.what]}")
+    return (totals[1] - totals[0]) / units, units
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=WHAT, help="step: per env.step; rollout: per call of a "
+                        "warm rollout; first: per call of a fresh env's first rollout")
+    parser.add_argument("--cluster", default="hetero-1")
+    parser.add_argument("--trace", default="bfcl_v3")
+    parser.add_argument("--num-workflows", type=int, default=400)
+    parser.add_argument("--load", type=float, default=1.0,
+                        help="load of the rollouts (default 1.0, as the scaling table); a "
+                        "step count runs the env's default load, as scripts/bench.py")
+    parser.add_argument("--policy", default="hexagent", help="registered policy of rollouts")
+    parser.add_argument("--steps", type=int, default=4000, help="env steps counted (step)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--child", type=int, choices=(0, 1), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.num_workflows < 1:
+        parser.error(f"--steps and --num-workflows must be >= 1, got {args.steps} and "
+                     f"{args.num_workflows}")
+    if args.child is not None:
+        print("units", measure(args))
+        return 0
+    per_unit, units = count(args)
+    print(f"{args.what} on {args.cluster} / {args.trace}, {args.num_workflows} workflows: "
+          f"{per_unit:,.0f} instructions per {UNIT[args.what]} (over {units:,} of them; "
+          f"valgrind, one BLAS thread)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

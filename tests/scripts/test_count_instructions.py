@@ -1,0 +1,85 @@
+"""scripts/count_instructions.py: valgrind's total parsed, the children's workloads, the
+difference per unit, and clear errors (the valgrind runs themselves take minutes: not here)."""
+
+from __future__ import annotations
+
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from envs.pd_cluster_env import PDClusterEnv
+from scripts import count_instructions as ci
+
+
+def test_instructions_from_reads_the_total_and_says_what_is_missing():
+    report = "==9== Cachegrind, a cache and branch-prediction profiler\n==9==\n" \
+             "==9== I   refs:      5,185,067,938\n"
+    assert ci.instructions_from(report) == 5_185_067_938
+    with pytest.raises(ValueError, match="(?s)no 'I refs:' line.*valgrind: command failed"):
+        ci.instructions_from("valgrind: command failed\n")
+
+
+@pytest.mark.parametrize("what", ["step", "rollout", "first"])
+def test_children_run_the_measured_part_only_when_asked(what, capsys):
+    flags = ["--num-workflows", "10", "--steps", "25"]
+    assert ci.main([what, "--child", "0", *flags]) == 0
+    assert capsys.readouterr().out.split() == ["units", "0"]
+    assert ci.main([what, "--child", "1", *flags]) == 0
+    units = int(capsys.readouterr().out.split()[-1])
+    if what == "step":
+        assert units == 25
+    else:  # one whole rollout: its simulated calls
+        env = PDClusterEnv(cluster="hetero-1", trace="bfcl_v3", num_workflows=10, load=1.0,
+                           seed=0)
+        assert units == env.rollout("hexagent").num_calls > 0
+    import gc
+    assert gc.isenabled()  # the child's pause of the collector ends with the measured part
+
+
+def test_children_run_under_cachegrind_with_one_blas_thread():
+    ns = SimpleNamespace(what="first", cluster="hetero-1-x8", trace="bfcl_v3",
+                         num_workflows=3200, load=1.0, policy="hexagent", steps=4000, seed=3)
+    cmd = ci.child_command(ns, 1)
+    assert cmd[:4] == ["valgrind", "--tool=cachegrind", "--cache-sim=no",
+                       "--cachegrind-out-file=/dev/null"]
+    assert cmd[cmd.index("--child") + 1] == "1" and "hetero-1-x8" in cmd and "3200" in cmd
+    env = ci.child_env()
+    assert env["OPENBLAS_NUM_THREADS"] == "1" and env["PYTHONHASHSEED"] == "0"
+    assert env["PYTHONPATH"].split(":")[0] == str(ci.ROOT)
+
+
+def test_count_is_the_difference_per_unit(monkeypatch):
+    runs = []
+
+    def fake_run(cmd, **kwargs):
+        run = int(cmd[cmd.index("--child") + 1])
+        runs.append(run)
+        total = "1,600,000" if run else "1,000,000"
+        return subprocess.CompletedProcess(cmd, 0, stdout=f"units {300 * run}\n",
+                                           stderr=f"==1== I   refs:      {total}\n")
+
+    monkeypatch.setattr(ci.shutil, "which", lambda name: "/usr/bin/valgrind")
+    monkeypatch.setattr(ci.subprocess, "run", fake_run)
+    args = SimpleNamespace(what="step", cluster="hetero-1", trace="bfcl_v3", num_workflows=400,
+                           load=1.0, policy="hexagent", steps=300, seed=0)
+    assert ci.count(args) == (2000.0, 300)
+    assert runs == [0, 1]
+
+
+def test_clear_errors(monkeypatch):
+    args = SimpleNamespace(what="rollout", cluster="hetero-1", trace="bfcl_v3",
+                           num_workflows=400, load=1.0, policy="hexagent", steps=1, seed=0)
+    monkeypatch.setattr(ci.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit, match="valgrind is not on PATH"):
+        ci.count(args)
+    monkeypatch.setattr(ci.shutil, "which", lambda name: "/usr/bin/valgrind")
+    monkeypatch.setattr(ci.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
+        cmd, 1, stdout="", stderr="Traceback ...\nConfigError: unknown cluster 'nope'\n"))
+    failed = r"(?s)run 0\) failed with exit code 1:.*unknown cluster 'nope'"
+    with pytest.raises(SystemExit, match=failed):
+        ci.count(args)
+    with pytest.raises(SystemExit):
+        ci.main(["step", "--steps", "0"])
+    with pytest.raises(SystemExit):
+        ci.main(["walk"])
