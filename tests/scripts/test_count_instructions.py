@@ -3,6 +3,7 @@ difference per unit, and clear errors (the valgrind runs themselves take minutes
 
 from __future__ import annotations
 
+import gc
 import subprocess
 from types import SimpleNamespace
 
@@ -33,7 +34,6 @@ def test_children_run_the_measured_part_only_when_asked(what, capsys):
         env = PDClusterEnv(cluster="hetero-1", trace="bfcl_v3", num_workflows=10, load=1.0,
                            seed=0)
         assert units == env.rollout("hexagent").num_calls > 0
-    import gc
     assert gc.isenabled()  # the child's pause of the collector ends with the measured part
 
 
