@@ -33,6 +33,7 @@ import numpy as np
 
 from envs.benchmark import random_valid_steps
 from envs.pd_cluster_env import PDClusterEnv
+from hexagent_gym.policy import make_policy
 
 WHAT = ("step", "rollout", "first")
 UNIT = {"step": "env step", "rollout": "simulated call", "first": "simulated call"}
@@ -91,11 +92,21 @@ def measure(args: argparse.Namespace) -> int:
         gc.enable()
 
 
+def check_inputs(args: argparse.Namespace) -> None:
+    """Fail at once, not after a child's start under valgrind: the env's config (cluster,
+    trace, sizes) and, for rollouts, the policy name (a ConfigError or ValueError naming it)."""
+    PDClusterEnv(cluster=args.cluster, trace=args.trace, num_workflows=args.num_workflows,
+                 seed=args.seed, load=args.load)
+    if args.what != "step":
+        make_policy(args.policy)
+
+
 def count(args: argparse.Namespace) -> tuple[float, int]:
     """(instructions per unit, units) from the two children."""
     if shutil.which("valgrind") is None:
         raise SystemExit("count_instructions: valgrind is not on PATH; install it (Debian and "
                          "Ubuntu: apt install valgrind) or use scripts/bench.py's wall times")
+    check_inputs(args)
     totals, units = [], 0
     for run in (0, 1):
         done = subprocess.run(child_command(args, run), capture_output=True, text=True,

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from envs.pd_cluster_env import PDClusterEnv
+from hexagent_gym.config import ConfigError
 from scripts import count_instructions as ci
 
 
@@ -77,8 +78,16 @@ def test_clear_errors(monkeypatch):
     monkeypatch.setattr(ci.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(
         cmd, 1, stdout="", stderr="Traceback ...\nConfigError: unknown cluster 'nope'\n"))
     failed = r"(?s)run 0\) failed with exit code 1:.*unknown cluster 'nope'"
+    monkeypatch.setattr(ci, "check_inputs", lambda args: None)  # as if the input were valid
     with pytest.raises(SystemExit, match=failed):
         ci.count(args)
+    monkeypatch.undo()
+    monkeypatch.setattr(ci.shutil, "which", lambda name: "/usr/bin/valgrind")
+    monkeypatch.setattr(ci.subprocess, "run", lambda cmd, **kw: pytest.fail("spawned a child"))
+    with pytest.raises(ConfigError, match="nope"):  # bad input fails before any child
+        ci.count(SimpleNamespace(**{**vars(args), "cluster": "nope"}))
+    with pytest.raises(ValueError, match="unknown.*hexagentt|hexagentt"):
+        ci.count(SimpleNamespace(**{**vars(args), "policy": "hexagentt"}))
     with pytest.raises(SystemExit):
         ci.main(["step", "--steps", "0"])
     with pytest.raises(SystemExit):
