@@ -43,7 +43,7 @@ class Registry:
         entry = self._entries.get(key)
         if entry is None:
             known = self.names()
-            raise self.error(f"unknown {self.kind} '{name}'; known {self.kind}s: "
+            raise self.error(f"unknown {self.kind} '{name}'; known: "
                              f"{', '.join(known)}.{suggest(key, known)}")
         if isinstance(entry, str):
             module, _, attr = entry.partition(":")

@@ -33,7 +33,8 @@ def test_registry_resolves_names_case_insensitively_and_rejects_unknown_ones():
     assert set(policy_names()) >= {"hexagent", "fcfs", "wf-fcfs", "llf", "atlas", "random"}
     assert isinstance(make_policy("HexAgent"), HexAgentPolicy)
     assert isinstance(make_policy("wf-fcfs"), WorkflowFCFS)
-    with pytest.raises(ValueError, match="unknown policy 'hexagnt'.*Did you mean: `hexagent`"):
+    with pytest.raises(ValueError, match="unknown policy 'hexagnt'; known: atlas, .*Did you "
+                       "mean: `hexagent`"):
         make_policy("hexagnt")
     with pytest.raises(ValueError, match="already registered"):
         register_policy("fcfs", CallFCFS)
