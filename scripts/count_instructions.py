@@ -33,10 +33,11 @@ import numpy as np
 
 from envs.benchmark import random_valid_steps
 from envs.pd_cluster_env import PDClusterEnv
+from hexagent_gym.config import ConfigError
 from hexagent_gym.policy import make_policy
 
-WHAT = ("step", "rollout", "first")
 UNIT = {"step": "env step", "rollout": "simulated call", "first": "simulated call"}
+WHAT = tuple(UNIT)  # what can be counted
 WARM_UP_STEPS = 4000  # random steps before a step count: the env's steady state
 _REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,12 +68,17 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def make_env(args: argparse.Namespace) -> PDClusterEnv:
+    """The env of a count: rollouts at ``args.load``, steps at the env's default load."""
+    overrides = {"load": args.load} if args.what != "step" else {}
+    return PDClusterEnv(cluster=args.cluster, trace=args.trace,
+                        num_workflows=args.num_workflows, seed=args.seed, **overrides)
+
+
 def measure(args: argparse.Namespace) -> int:
     """Run the measured part once (``args.child`` = 1) or not at all after the set-up; return
     the units it ran (env steps or simulated calls; 0 when not run)."""
-    overrides = {"load": args.load} if args.what != "step" else {}
-    env = PDClusterEnv(cluster=args.cluster, trace=args.trace,
-                       num_workflows=args.num_workflows, seed=args.seed, **overrides)
+    env = make_env(args)
     rng = np.random.default_rng(args.seed)
     if args.what == "step":
         env.factory.fill_horizons()
@@ -95,8 +101,7 @@ def measure(args: argparse.Namespace) -> int:
 def check_inputs(args: argparse.Namespace) -> None:
     """Fail at once, not after a child's start under valgrind: the env's config (cluster,
     trace, sizes) and, for rollouts, the policy name (a ConfigError or ValueError naming it)."""
-    PDClusterEnv(cluster=args.cluster, trace=args.trace, num_workflows=args.num_workflows,
-                 seed=args.seed, load=args.load)
+    make_env(args)  # the children's env, built once here
     if args.what != "step":
         make_policy(args.policy)
 
@@ -143,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.child is not None:
         print("units", measure(args))
         return 0
-    per_unit, units = count(args)
+    try:
+        per_unit, units = count(args)
+    except (ConfigError, ValueError) as exc:  # an unknown cluster, trace or policy, ...
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(f"{args.what} on {args.cluster} / {args.trace}, {args.num_workflows} workflows: "
           f"{per_unit:,.0f} instructions per {UNIT[args.what]} (over {units:,} of them; "
           f"valgrind, one BLAS thread)")

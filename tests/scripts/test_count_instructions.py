@@ -68,7 +68,7 @@ def test_count_is_the_difference_per_unit(monkeypatch):
     assert runs == [0, 1]
 
 
-def test_clear_errors(monkeypatch):
+def test_clear_errors(monkeypatch, capsys):
     args = SimpleNamespace(what="rollout", cluster="hetero-1", trace="bfcl_v3",
                            num_workflows=400, load=1.0, policy="hexagent", steps=1, seed=0)
     monkeypatch.setattr(ci.shutil, "which", lambda name: None)
@@ -88,6 +88,8 @@ def test_clear_errors(monkeypatch):
         ci.count(SimpleNamespace(**{**vars(args), "cluster": "nope"}))
     with pytest.raises(ValueError, match="unknown.*hexagentt|hexagentt"):
         ci.count(SimpleNamespace(**{**vars(args), "policy": "hexagentt"}))
+    assert ci.main(["rollout", "--policy", "hexagentt"]) == 2  # one line, no traceback
+    assert "error: unknown policy 'hexagentt'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ci.main(["step", "--steps", "0"])
     with pytest.raises(SystemExit):
