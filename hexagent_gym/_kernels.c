@@ -273,14 +273,51 @@ static int decode_terms(const Shared *S, Py_ssize_t d, double weight, double own
                      weight, own_ctx, kv, free_start, S->slow_start, d, start, end);
 }
 
-/* Whether xcols is a call's transfer block (ClusterTables.transfer_block: D·K doubles, d-major,
- * as bytes); -1 with a ValueError naming fn when it is bytes of another size. */
-static int is_block(PyObject *xcols, Py_ssize_t D, Py_ssize_t K, const char *fn) {
-    if (!PyBytes_CheckExact(xcols)) return 0;
-    if (PyBytes_GET_SIZE(xcols) == (Py_ssize_t)sizeof(double) * D * K) return 1;
-    PyErr_Format(PyExc_ValueError, "%s: a transfer block holds %zd bytes (D x K doubles), got %zd",
-                 fn, (Py_ssize_t)sizeof(double) * D * K, PyBytes_GET_SIZE(xcols));
+/* The window's transfer tables (ClusterTables.transfer_tables: the setup seconds, then the
+ * seconds per prompt token, each D x K doubles, decode-instance-major, in one bytes object):
+ * *out points at them, or is NULL for None; -1 with a ValueError naming fn for anything else. */
+static int read_xfer(PyObject *xfer, Py_ssize_t D, Py_ssize_t K, const char *fn,
+                     const double **out) {
+    *out = NULL;
+    if (xfer == Py_None) return 0;
+    Py_ssize_t want = (Py_ssize_t)sizeof(double) * 2 * D * K;
+    if (PyBytes_CheckExact(xfer) && PyBytes_GET_SIZE(xfer) == want) {
+        *out = (const double *)PyBytes_AS_STRING(xfer);
+        return 0;
+    }
+    PyErr_Format(PyExc_ValueError, "%s: xfer must be None or bytes of 2 x D x K doubles (%zd "
+                 "bytes), got %.200s", fn, want, Py_TYPE(xfer)->tp_name);
     return -1;
+}
+
+/* A call's prompt length when its xcols is one (an int, or an integer such as numpy's: its
+ * transfer seconds come from the tables), else -1.0 (its xcols are rows); -2.0 with an
+ * exception naming fn when it is a length but there are no tables or it is negative. */
+static double xcols_tokens(PyObject *xc, const double *xfer, const char *fn) {
+    double L;
+    if (PyLong_Check(xc)) {
+        L = PyLong_AsDouble(xc);
+    } else if (PyIndex_Check(xc)) {
+        PyObject *i = PyNumber_Index(xc);
+        if (i == NULL) return -2.0;
+        L = PyLong_AsDouble(i);
+        Py_DECREF(i);
+    } else {
+        return -1.0;
+    }
+    if (L == -1.0 && PyErr_Occurred()) return -2.0;
+    if (xfer != NULL && L >= 0.0) return L;
+    PyErr_Format(PyExc_ValueError, xfer == NULL ? "%s: a call's xcols is a prompt length but "
+                 "xfer is None" : "%s: a call's prompt length is negative", fn);
+    return -2.0;
+}
+
+/* Row d of the transfer seconds of a prompt of L tokens into out[0..K): setup + L * spt, the
+ * same two IEEE operations per entry as ClusterTables._transfer_seconds' numpy expression. */
+static inline void xfer_row(const double *xfer, Py_ssize_t D, Py_ssize_t K, double L,
+                            Py_ssize_t d, double *out) {
+    const double *setup = xfer + d * K, *spt = xfer + (D + d) * K;
+    for (Py_ssize_t k = 0; k < K; k++) out[k] = setup[k] + L * spt[k];
 }
 
 /* Row d of a call's transfer columns given as rows (a tuple or list per decode instance) into
@@ -296,14 +333,18 @@ static int read_xrow(PyObject *rows, Py_ssize_t d, Py_ssize_t K, double *out) {
     return PyErr_Occurred() ? -1 : 0;
 }
 
-/* A call's transfer columns xcols[d][k] (a tuple or list of rows, or its transfer block) into
- * the D x K C array x (row-major), for the decode instances the kernel reads (the scan's, or
- * all when it is empty); -1 on failure. */
-static int read_xcols(const Shared *S, PyObject *xcols, double *x) {
-    int block = is_block(xcols, S->D, S->K, "xcols");
-    if (block < 0) return -1;
-    if (block) {
-        memcpy(x, PyBytes_AS_STRING(xcols), sizeof(double) * (size_t)(S->D * S->K));
+/* A call's transfer columns xcols[d][k] (a tuple or list of rows, or its prompt length with
+ * the tables xfer) into the D x K C array x (row-major), for the decode instances the kernel
+ * reads (the scan's, or all when it is empty); -1 on failure. */
+static int read_xcols(const Shared *S, const double *xfer, PyObject *xcols, double *x) {
+    Py_ssize_t nread = S->nscan ? S->nscan : S->D;
+    double L = xcols_tokens(xcols, xfer, "xcols");
+    if (L == -2.0) return -1;
+    if (L >= 0.0) {
+        for (Py_ssize_t j = 0; j < nread; j++) {
+            Py_ssize_t d = S->nscan ? S->scan[j] : j;
+            xfer_row(xfer, S->D, S->K, L, d, x + d * S->K);
+        }
         return 0;
     }
     if (!is_seq(xcols, "xcols")) return -1;
@@ -311,7 +352,6 @@ static int read_xcols(const Shared *S, PyObject *xcols, double *x) {
         PyErr_SetString(PyExc_ValueError, "xcols: one row per decode instance expected");
         return -1;
     }
-    Py_ssize_t nread = S->nscan ? S->nscan : S->D;
     for (Py_ssize_t j = 0; j < nread; j++) {
         Py_ssize_t d = S->nscan ? S->scan[j] : j;
         if (read_xrow(xcols, d, S->K, x + d * S->K) < 0) return -1;
@@ -420,16 +460,17 @@ static int resolve_ties(Py_ssize_t K, const Py_ssize_t *mem, const Py_ssize_t *m
 }
 
 /* Projections.best_prefill_pair_one_python for one call (its prefill seconds pf, its transfer
- * columns xcols, its decode inputs): sets *op, *od, *obest; -1 with an exception on failure.
+ * columns xcols with the tables xfer, its decode inputs): sets *op, *od, *obest; -1 with an exception on failure.
  * buf holds K + 2D + P + D·K doubles, ibuf D + P + K indices. */
-static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, double weight,
-                         double own_ctx, double kv, double kv_true, int free_start, double *buf,
-                         Py_ssize_t *ibuf, Py_ssize_t *op, Py_ssize_t *od, double *obest) {
+static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, const double *xfer,
+                         double weight, double own_ctx, double kv, double kv_true,
+                         int free_start, double *buf, Py_ssize_t *ibuf, Py_ssize_t *op,
+                         Py_ssize_t *od, double *obest) {
     Py_ssize_t K = S->K, D = S->D, P = S->P;
     double *ready = buf, *starts = buf + K, *ends = buf + K + D, *fp = buf + K + 2 * D;
     double *x = fp + P;
     Py_ssize_t *cols = ibuf, *plist = ibuf + D, *reach = ibuf + D + P;
-    if (read_fp(S, pf, fp) < 0 || read_xcols(S, xcols, x) < 0) return -1;
+    if (read_fp(S, pf, fp) < 0 || read_xcols(S, xfer, xcols, x) < 0) return -1;
     class_ready(K, S->mem, S->mem_start, fp, ready);
     double best = INFINITY;
     Py_ssize_t ncols = 0;
@@ -463,11 +504,12 @@ static int alloc_buffers(const Shared *S, double **buf, Py_ssize_t **ibuf) {
     return 0;
 }
 
-/* The per-call lists of best_prefill_pairs and prefill_grid (arguments 12-20): prefill
- * seconds, transfer columns, decode inputs and true KV of each call of the window, the decode
- * limits and the slots asked for. */
+/* The per-call lists of best_prefill_pairs and prefill_grid (arguments 12-21): prefill
+ * seconds, transfer columns (and the transfer tables), decode inputs and true KV of each call
+ * of the window, the decode limits and the slots asked for. */
 typedef struct {
     PyObject *pfs, *xcols, *weights, *own, *kvs, *kv_trues, *slots;
+    const double *xfer;
     double slack;
     int any_full;
     Py_ssize_t n, m;
@@ -493,12 +535,15 @@ static void shared_limits(const Shared *S, double *slack, int *any_full) {
 }
 
 static int window_from(Window *w, PyObject *const *args, const char *fn) {
-    w->pfs = args[12], w->xcols = args[13], w->weights = args[14], w->own = args[15];
-    w->kvs = args[16], w->kv_trues = args[17], w->slots = args[20];
-    w->derive = args[18] == Py_None; /* the limits are derived from Ŝ (shared_limits) */
-    w->slack = w->derive ? 0.0 : num(args[18]);
-    w->any_full = w->derive ? 0 : PyObject_IsTrue(args[19]);
+    w->pfs = args[12], w->xcols = args[13], w->weights = args[15], w->own = args[16];
+    w->kvs = args[17], w->kv_trues = args[18], w->slots = args[21];
+    w->derive = args[19] == Py_None; /* the limits are derived from Ŝ (shared_limits) */
+    w->slack = w->derive ? 0.0 : num(args[19]);
+    w->any_full = w->derive ? 0 : PyObject_IsTrue(args[20]);
     if (PyErr_Occurred() || w->any_full < 0) return -1;
+    if (!is_seq(args[2], "pf_members") || !is_seq(args[10], "capacity") ||
+        read_xfer(args[14], Py_SIZE(args[10]), Py_SIZE(args[2]), fn, &w->xfer) < 0)
+        return -1;
     if (!is_seq(w->pfs, "pfs") || !is_seq(w->xcols, "xcols") || !is_seq(w->weights, "weights") ||
         !is_seq(w->own, "own_ctxs") || !is_seq(w->kvs, "kvs") ||
         !is_seq(w->kv_trues, "kv_trues") || !is_seq(w->slots, "slots"))
@@ -514,14 +559,14 @@ static int window_from(Window *w, PyObject *const *args, const char *fn) {
 }
 
 /* best_prefill_pairs(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static,
- *                    batch_top, capacity, slow_start, pfs, xcols, weights, own_ctxs, kvs,
- *                    kv_trues, slack, any_full, slots) -> [(p, d, delta), ...]
+ *                    batch_top, capacity, slow_start, pfs, xcols, xfer, weights, own_ctxs,
+ *                    kvs, kv_trues, slack, any_full, slots) -> [(p, d, delta), ...]
  * Projections.best_prefill_pair_one_python for each call i in slots (per-call lists indexed by
  * i), under one Ŝ (slack None: the limits are derived, shared_limits):
  * call i's start is free when no batch is full and its demand kvs[i] fits in the smallest
  * slack (Projections._decode_inputs). */
 static PyObject *best_prefill_pairs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (!arity(nargs, 21, "best_prefill_pairs")) return NULL;
+    if (!arity(nargs, 22, "best_prefill_pairs")) return NULL;
     Window w;
     if (window_from(&w, args, "best_prefill_pairs") < 0) return NULL;
     PyObject *pfs = w.pfs, *xcols = w.xcols, *weights = w.weights, *own = w.own;
@@ -549,7 +594,7 @@ static PyObject *best_prefill_pairs(PyObject *self, PyObject *const *args, Py_ss
         int free_start = !any_full && kv <= slack;
         double weight = dat(weights, i), own_ctx = dat(own, i), kv_true = dat(kv_trues, i);
         if (PyErr_Occurred()) goto fail;
-        if (pair_for_call(&S, at(pfs, i), at(xcols, i), weight, own_ctx, kv, kv_true,
+        if (pair_for_call(&S, at(pfs, i), at(xcols, i), w.xfer, weight, own_ctx, kv, kv_true,
                           free_start, buf, ibuf, &p, &d, &best) < 0)
             goto fail;
         PyObject *t = Py_BuildValue("nnd", p, d, best);
@@ -569,15 +614,15 @@ fail:
 }
 
 /* prefill_grid(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static, batch_top,
- *              capacity, slow_start, pfs, xcols, weights, own_ctxs, kvs, kv_trues, slack,
- *              any_full, slots, out) -> None
+ *              capacity, slow_start, pfs, xcols, xfer, weights, own_ctxs, kvs, kv_trues,
+ *              slack, any_full, slots, out) -> None
  * Projections.prefill_delta_one of each call i in slots (best_prefill_pairs' arguments; scan is
  * unused: every decode instance gets its entry), written into row i of out, a C-contiguous
  * writable float64 buffer of n * P * D doubles: out[i, p, d] = max(free[p] + pf[p] + x[d][k],
  * start_d) + end_d, with k the class of p; inf where the call's true KV exceeds d's capacity.
  * Rows of calls not in slots are left as they are. */
 static PyObject *prefill_grid(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (!arity(nargs, 22, "prefill_grid")) return NULL;
+    if (!arity(nargs, 23, "prefill_grid")) return NULL;
     Window w;
     if (window_from(&w, args, "prefill_grid") < 0) return NULL;
     PyObject *pfs = w.pfs, *xcols = w.xcols, *weights = w.weights, *own = w.own;
@@ -586,7 +631,7 @@ static PyObject *prefill_grid(PyObject *self, PyObject *const *args, Py_ssize_t 
     int any_full = w.any_full;
     Py_ssize_t n = w.n, m = w.m;
     Py_buffer view;
-    if (PyObject_GetBuffer(args[21], &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
+    if (PyObject_GetBuffer(args[22], &view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
         < 0)
         return NULL;
     Shared S;
@@ -618,7 +663,8 @@ static PyObject *prefill_grid(PyObject *self, PyObject *const *args, Py_ssize_t 
             PyErr_Format(PyExc_IndexError, "prefill_grid: slot %zd out of range", i);
             goto fail;
         }
-        if (read_fp(&S, at(pfs, i), fp) < 0 || read_xcols(&S, at(xcols, i), x) < 0) goto fail;
+        if (read_fp(&S, at(pfs, i), fp) < 0 || read_xcols(&S, w.xfer, at(xcols, i), x) < 0)
+            goto fail;
         double kv = dat(kvs, i), weight = dat(weights, i), own_ctx = dat(own, i);
         double kv_true = dat(kv_trues, i);
         if (PyErr_Occurred()) goto fail;
@@ -1103,6 +1149,8 @@ typedef struct {
     double *free, *tokens, *ctx, *bc, *sl, *cap, *room, *capacity;  /* P, then D each */
     double *pf, *x, *weight, *own, *kv, *kvt, *share, *arr, *h;       /* n·P, n·D·K, n each */
     PyObject *xcols;   /* the calls' transfer columns, read into x on first use per (call, d) */
+    const double *xfer; /* the transfer tables (read_xfer), for calls given as prompt lengths */
+    double *len;       /* n: a call's prompt length, or -1 where its xcols are rows */
     char *xread;       /* n·D: x holds call i's row d */
     char *fresh;       /* D: bc, sl and room hold d's current terms */
     double *ready, *starts, *ends, *seen_val;                          /* K, D, D, 2D */
@@ -1135,15 +1183,14 @@ static void plan_scan(Plan *W) {
                          W->scan);
 }
 
-/* Slot i's transfer seconds to decode instance d, per class, read from its xcols (rows, or its
- * transfer block: risk_plan checked the sizes) into x. */
+/* Slot i's transfer seconds to decode instance d, per class, into x: computed from its prompt
+ * length and the tables, or read from its rows (risk_plan checked the sizes). */
 static int plan_read_x(Plan *W, Py_ssize_t i, Py_ssize_t d) {
     Py_ssize_t K = W->K;
-    PyObject *xc = at(W->xcols, i);
     double *x = W->x + (i * W->D + d) * K;
-    if (PyBytes_CheckExact(xc))
-        memcpy(x, PyBytes_AS_STRING(xc) + sizeof(double) * d * K, sizeof(double) * (size_t)K);
-    else if (read_xrow(xc, d, K, x) < 0)
+    if (W->len[i] >= 0.0)
+        xfer_row(W->xfer, W->D, K, W->len[i], d, x);
+    else if (read_xrow(at(W->xcols, i), d, K, x) < 0)
         return -1;
     W->xread[i * W->D + d] = 1;
     return 0;
@@ -1262,8 +1309,8 @@ static int plan_slot(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
 }
 
 /* risk_plan(now, free, pf_members, pf_class, dec_kind, count, ctx, tokens, dec_static,
- *           batch_top, capacity, pfs, xcols, weights, own_ctxs, kvs, kv_trues, ctx_shares,
- *           arrival, h_est, slack, any_full, picked) -> [(slot, p, d, delta), ...]
+ *           batch_top, capacity, pfs, xcols, xfer, weights, own_ctxs, kvs, kv_trues,
+ *           ctx_shares, arrival, h_est, slack, any_full, picked) -> [(slot, p, d, delta), ...]
  * The compiled twin of agents.hexagent's ranking of a prefill window under Ŝ, pick after pick:
  * the riskiest unpicked slot ((now - arrival) + its best Δ) / h_est (the first of equal risks;
  * with one slot left, that slot) at its best pair (Projections.best_prefill_pair_one_python),
@@ -1273,19 +1320,19 @@ static int plan_slot(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
  * or a zero horizon or NaN risk. slack None: the limits (PlanState.limits) are derived from
  * the decode lists. */
 static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (!arity(nargs, 23, "risk_plan")) return NULL;
+    if (!arity(nargs, 24, "risk_plan")) return NULL;
     PyObject *free = args[1], *members = args[2], *cls = args[3], *kind = args[4];
     PyObject *count = args[5], *ctx = args[6], *tokens = args[7], *dec_static = args[8];
-    PyObject *capacity = args[10], *pfs = args[11], *xcols = args[12], *weights = args[13];
-    PyObject *own = args[14], *kvs = args[15], *kvts = args[16], *shares = args[17];
-    PyObject *arrival = args[18], *h_est = args[19], *picked = args[22];
+    PyObject *capacity = args[10], *pfs = args[11], *xcols = args[12], *weights = args[14];
+    PyObject *own = args[15], *kvs = args[16], *kvts = args[17], *shares = args[18];
+    PyObject *arrival = args[19], *h_est = args[20], *picked = args[23];
     Plan W;
     W.block = NULL;
     W.now = num(args[0]);
     W.top = PyLong_AsSsize_t(args[9]);
-    int derive = args[20] == Py_None; /* the limits are derived from Ŝ's lists (below) */
-    W.slack = derive ? 0.0 : num(args[20]);
-    W.any_full = derive ? 0 : PyObject_IsTrue(args[21]);
+    int derive = args[21] == Py_None; /* the limits are derived from Ŝ's lists (below) */
+    W.slack = derive ? 0.0 : num(args[21]);
+    W.any_full = derive ? 0 : PyObject_IsTrue(args[22]);
     W.dec_static = dec_static;
     if (PyErr_Occurred() || W.any_full < 0) return NULL;
     PyObject *seqs[] = {free, members, cls, kind, count, ctx, tokens, dec_static, capacity, pfs,
@@ -1308,6 +1355,7 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
             PyErr_SetString(PyExc_ValueError, "risk_plan: per-call lists differ in length");
             return NULL;
         }
+    if (read_xfer(args[13], D, K, "risk_plan", &W.xfer) < 0) return NULL;
     size_t nd = (size_t)(P + 8 * D + n * P + n * D * K + 8 * n + K + 2 * D + 2 * D +
                          n * D + n * K + n * P);
     size_t ni = (size_t)(4 * D + 2 * P + K + 1 + D + P + K + D + n + D);
@@ -1333,7 +1381,7 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
     W.share = f, f += n;
     W.arr = f, f += n;
     W.h = f, f += n;
-    f += n; /* spare */
+    W.len = f, f += n;
     W.ready = f, f += K;
     W.starts = f, f += D;
     W.ends = f, f += D;
@@ -1388,9 +1436,9 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_ssize_t remaining = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *pf = at(pfs, i), *xc = at(xcols, i);
-        int block = is_block(xc, D, K, "risk_plan");
-        if (block < 0 || !is_seq(pf, "pf") || (!block && !is_seq(xc, "xcols"))) goto fail;
-        if (Py_SIZE(pf) != P || (!block && Py_SIZE(xc) != D)) {
+        double L = W.len[i] = xcols_tokens(xc, W.xfer, "risk_plan");
+        if (L == -2.0 || !is_seq(pf, "pf") || (L < 0.0 && !is_seq(xc, "xcols"))) goto fail;
+        if (Py_SIZE(pf) != P || (L < 0.0 && Py_SIZE(xc) != D)) {
             PyErr_SetString(PyExc_ValueError, "risk_plan: a call's pf or xcols has the wrong size");
             goto fail;
         }
@@ -2003,8 +2051,8 @@ static PyObject *prefill_free_times(PyObject *self, PyObject *const *args, Py_ss
 static PyMethodDef methods[] = {
     {"best_prefill_pairs", (PyCFunction)(void (*)(void))best_prefill_pairs, METH_FASTCALL,
      "best_prefill_pairs(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static, "
-     "batch_top, capacity, slow_start, pfs, xcols, weights, own_ctxs, kvs, kv_trues, slack, "
-     "any_full, slots) -> [(p, d, delta)]: best_prefill_pair_one of each call in slots."},
+     "batch_top, capacity, slow_start, pfs, xcols, xfer, weights, own_ctxs, kvs, kv_trues, "
+     "slack, any_full, slots) -> [(p, d, delta)]: best_prefill_pair_one of each call in slots."},
     {"prefill_grid", (PyCFunction)(void (*)(void))prefill_grid, METH_FASTCALL,
      "prefill_grid(<best_prefill_pairs' arguments>, out) -> None: prefill_delta_one of each call "
      "in slots written into out[i] (float64, n x P x D)."},

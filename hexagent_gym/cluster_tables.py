@@ -77,7 +77,6 @@ class ClusterTables:
         self.spt_cls = self.s_per_token[self.pf_rep]
         self._class_sizes = [len(m) for m in self.pf_members]
         self._xcol_cache: dict[int, tuple[tuple[float, ...], ...]] = {}
-        self._xblock_cache: dict[int, bytes] = {}
         self._inf_grids: dict[int, np.ndarray] = {}
         self._xcol_cache_size = max(256, _XCOL_CACHE_FLOATS // (self.num_decode
                                                                * len(self.pf_models)))
@@ -118,6 +117,11 @@ class ClusterTables:
         # a prompt's transfer seconds per (decode instance, prefill class): setup + L · s/token
         self._xcol_setup = self.setup_cls.T.copy()  # (D, K)
         self._xcol_spt = self.spt_cls.T.copy()
+        # the same two tables as the compiled kernels read them (setup, then s/token, each D·K
+        # float64 values, decode-instance-major, in one bytes object): given a call's prompt
+        # length, they compute its transfer seconds with _transfer_seconds' two operations per
+        # entry, reading two small hot tables instead of a cached block per prompt length
+        self.transfer_tables = self._xcol_setup.tobytes() + self._xcol_spt.tobytes()
 
     def prefill_times(self, input_tokens: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """True prefill seconds of a prompt per prefill instance and per prefill class, cached.
@@ -210,20 +214,6 @@ class ClusterTables:
                 cache.clear()
             hit = cache[input_tokens] = tuple(map(tuple, self._transfer_seconds(
                 input_tokens).tolist()))
-        return hit
-
-    def transfer_block(self, input_tokens: int) -> bytes:
-        """:meth:`transfer_cols` as the compiled kernels read them: D·K float64 values,
-        decode-instance-major, in one bytes object, cached (same floats: the same numpy
-        expression). Several times smaller than the tuples and contiguous, so a window's kernel
-        reads a call's columns with one copy instead of D·K float objects spread over memory.
-        Bounded like :meth:`transfer_cols`' cache."""
-        cache = self._xblock_cache
-        hit = cache.get(input_tokens)
-        if hit is None:
-            if len(cache) >= self._xcol_cache_size:
-                cache.clear()
-            hit = cache[input_tokens] = self._transfer_seconds(input_tokens).tobytes()
         return hit
 
     def _transfer_seconds(self, input_tokens: int) -> np.ndarray:

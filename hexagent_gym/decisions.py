@@ -358,23 +358,26 @@ class DecisionPoint:
                                                                       missing), strict=True):
                 pairs[i] = pair
 
-    def _kernel_inputs(self) -> tuple[list, ...]:
-        """The window's per-call inputs of :meth:`PlanState.best_prefill_pairs`, built once."""
+    def _kernel_inputs(self) -> tuple:
+        """The window's per-call inputs of :meth:`PlanState.best_prefill_pairs`, built once:
+        the prefill seconds, the prompt lengths (the kernels compute the transfer seconds from
+        them and the tables' ``transfer_tables``, the next entry), then the decode inputs."""
         if self._kin is None:
             state = self.state
-            xcols, constants = state.tables.transfer_block, state.call_constants
+            constants = state.call_constants
             cache_aware = self._cache_aware
-            pfs, xs, weights, own_ctxs, kvs, kv_trues = kin = ([], [], [], [], [], [])
+            pfs, lens, weights, own_ctxs, kvs, kv_trues = ([], [], [], [], [], [])
             for c in self.calls:  # one loop, not six comprehensions (each a frame in 3.11)
                 pfs.append(c.pf_est if cache_aware else c.pf_cold)  # self._pf(c)
-                xs.append(xcols(c.l_in))
+                lens.append(c.l_in)
                 if c.dec_weight is None:  # kept on the call after its first projection
                     constants(c)
                 weights.append(c.dec_weight)
                 own_ctxs.append(c.own_ctx)
                 kvs.append(c.kv_demand)
                 kv_trues.append(c.kv_true)
-            self._kin = kin
+            self._kin = (pfs, lens, state.tables.transfer_tables, weights, own_ctxs, kvs,
+                         kv_trues)
         return self._kin
 
     def _pf(self, call: Call) -> list[float]:

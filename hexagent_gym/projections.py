@@ -123,16 +123,18 @@ class Projections:
         if kernels.best_prefill_pairs is None:
             return self.best_prefill_pair_one_python(call, pf)
         weight, own_ctx, kv = self.call_constants(call)
-        (pair,) = self.best_prefill_pairs(([pf], [self.tables.transfer_cols(call.l_in)], [weight],
-                                           [own_ctx], [kv], [call.kv_true]), [0])
+        (pair,) = self.best_prefill_pairs(([pf], [call.l_in], self.tables.transfer_tables,
+                                           [weight], [own_ctx], [kv], [call.kv_true]), [0])
         return pair
 
     def best_prefill_pairs(self, inputs: tuple[list, ...],
                            slots: list[int]) -> list[tuple[int, int, float]]:
         """:meth:`best_prefill_pair_one` of the window's calls ``slots`` in one compiled call
         (only with :mod:`hexagent_gym.kernels` built). ``inputs``: the window's per-call lists
-        (prefill seconds per instance, transfer blocks or columns, then :meth:`call_constants`
-        as three lists, then true KV demands), constant over the decision."""
+        (prefill seconds per instance; prompt lengths, or transfer columns as rows; then the
+        tables' ``transfer_tables``, or None when every call has rows; then
+        :meth:`call_constants` as three lists; then true KV demands), constant over the
+        decision."""
         t = self.tables
         limits = self.kernel_limits()
         return kernels.best_prefill_pairs(

@@ -107,7 +107,7 @@ def test_switch_selects_the_implementation():
 
 def test_hand_computed_pairs_and_clear_errors():
     fn = kernels._compiled.best_prefill_pairs
-    with pytest.raises(TypeError, match="takes 21 arguments, got 2"):
+    with pytest.raises(TypeError, match="takes 22 arguments, got 2"):
         fn(0.0, [1.0])
     # one prefill and one decode instance, idle; batch-size table clamped at 1: the decode step
     # is base[1] + slope[1]·ctx = 1.0 s; call 0 has weight 1: Δ = max(0 + 0, now) + 1.0 = 1.0;
@@ -115,11 +115,14 @@ def test_hand_computed_pairs_and_clear_errors():
     # the instance holds: no valid pair
     shared = [0.0, [0.0], [[0]], [0], [0], [0], [0.0], [0.0],
               [(100.0, 4, (0.0, 1.0), (0.0, 0.0))], 1, [100.0], None]
-    calls = [[[0.0], [0.5], [0.0]], [((0.0,),)] * 3, [1.0, 2.0, 1.0], [1.0, 1.0, 1.0],
+    calls = [[[0.0], [0.5], [0.0]], [((0.0,),)] * 3, None, [1.0, 2.0, 1.0], [1.0, 1.0, 1.0],
              [1.0, 1.0, 1.0], [1.0, 1.0, 101.0]]
     assert fn(*shared, *calls, 50.0, False, [0, 1, 2]) == [(0, 0, 1.0), (0, 0, 2.5),
                                                          (0, 0, math.inf)]
     assert fn(*shared, *calls, 50.0, False, [1]) == [(0, 0, 2.5)]
+    # call 1 as a prompt length of 4 tokens: 0.25 s setup + 4 x 0.5 s = 2.25 s more transfer
+    lengths = [calls[0], [((0.0,),), 4, ((0.0,),)], np.array([0.25, 0.5]).tobytes(), *calls[3:]]
+    assert fn(*shared, *lengths, 50.0, False, [0, 1]) == [(0, 0, 1.0), (0, 0, 4.75)]
     bad = [[{0: 0.0}, [0.5], [0.0]], *calls[1:]]
     with pytest.raises(TypeError, match="pf must be a list or tuple, got dict"):
         fn(*shared, *bad, 50.0, False, [0])
@@ -314,7 +317,7 @@ def test_compiled_grid_equals_the_numpy_projection_at_every_pick(build):
 
 def test_compiled_grid_by_hand_and_clear_errors():
     fn = kernels._compiled.prefill_grid
-    with pytest.raises(TypeError, match="takes 22 arguments, got 1"):
+    with pytest.raises(TypeError, match="takes 23 arguments, got 1"):
         fn(0.0)
     # two prefill instances (free at 0 and 0.25 s, one class), one decode instance whose step is
     # 1.0 s per unit of weight; transfer 0.125 s. Call 0 (weight 1, prefill 0.5 s on both):
@@ -322,11 +325,17 @@ def test_compiled_grid_by_hand_and_clear_errors():
     # holds: inf. Row 2 is not asked for and keeps its -1.
     shared = [0.0, [0.0, 0.25], [[0, 1]], [0, 0], (), [0], [0.0], [0.0],
               [(100.0, 4, (0.0, 1.0), (0.0, 0.0))], 1, [100.0], None]
-    calls = [[[0.5, 0.5]] * 3, [((0.125,),)] * 3, [1.0, 1.0, 1.0], [1.0, 1.0, 1.0],
+    calls = [[[0.5, 0.5]] * 3, [((0.125,),)] * 3, None, [1.0, 1.0, 1.0], [1.0, 1.0, 1.0],
              [1.0, 1.0, 1.0], [1.0, 101.0, 1.0]]
     out = np.full((3, 2, 1), -1.0)
     assert fn(*shared, *calls, 50.0, False, [0, 1], out) is None
     assert out[:, :, 0].tolist() == [[1.625, 1.875], [math.inf, math.inf], [-1.0, -1.0]]
+    # call 0 as a prompt length of 2 tokens: the same 0.125 s transfer from the tables
+    lengths = [calls[0], [2, *calls[1][1:]], np.array([0.025, 0.05]).tobytes(), *calls[3:]]
+    again = np.full((3, 2, 1), -1.0)
+    fn(*shared, *lengths, 50.0, False, [0, 1], again)
+    assert again[:, :, 0].tolist() == [[0.025 + 2 * 0.05 + 1.5, 0.025 + 2 * 0.05 + 1.75],
+                                       [math.inf, math.inf], [-1.0, -1.0]]
     with pytest.raises(ValueError, match="out must be float64 of 3 x 2 x 1"):
         fn(*shared, *calls, 50.0, False, [0], np.zeros((3, 2, 1), dtype=np.float32))
     with pytest.raises(ValueError, match="out must be float64 of 3 x 2 x 1"):
@@ -636,33 +645,47 @@ def test_compiled_risk_plan_by_hand_and_clear_errors():
     # waits for the prefill instance: Δ = 0.5 + 0.5 + the decode step with two calls (1 s).
     static = [(100.0, 4, (0.0, 1.0), (0.0, 0.0))]
     args = [0.0, [0.0], [[0]], [0], [0], [0], [0.0], [0.0], static, 1, [100.0],
-            [[0.5], [0.5]], [((0.0,),), ((0.0,),)], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0],
+            [[0.5], [0.5]], [((0.0,),), ((0.0,),)], None, [1.0, 1.0], [1.0, 1.0], [1.0, 1.0],
             [1.0, 1.0], [1.0, 1.0], [0.0, -1.0], [10.0, 10.0], 50.0, False, [False, False]]
     assert fn(*args) == [(1, 0, 0, 1.5), (0, 0, 0, 2.0)]
-    blocks = list(args)  # the calls' transfer columns as ClusterTables.transfer_block's bytes
-    blocks[12] = [np.zeros(1).tobytes(), ((0.0,),)]
-    assert fn(*blocks) == fn(*args)
-    blocks[12] = [np.zeros(2).tobytes(), ((0.0,),)]
-    with pytest.raises(ValueError, match=r"transfer block holds 8 bytes \(D x K doubles\), got 16"):
-        fn(*blocks)
+    lengths = list(args)  # call 0 as its prompt length, its transfer from the tables:
+    lengths[12] = [7, ((0.0,),)]  # 0 s setup + 7 tokens x 0 s per token
+    lengths[13] = np.array([0.0, 0.0]).tobytes()
+    assert fn(*lengths) == fn(*args)
+    # 0.5 s setup + 7 x 0.25 s = 2.25 s transfer: call 0's Δ = 0.5 + 2.25 + 1 = 3.75 makes it
+    # the riskier ((0 + 3.75) / 10 against (1 + 1.5) / 10), then call 1 decodes at 1.0 for 1 s
+    lengths[13] = np.array([0.5, 0.25]).tobytes()
+    assert fn(*lengths) == [(0, 0, 0, 3.75), (1, 0, 0, 2.0)]
+    lengths[12] = [np.int64(7), ((0.0,),)]  # numpy's integers are lengths too
+    assert fn(*lengths) == [(0, 0, 0, 3.75), (1, 0, 0, 2.0)]
+    lengths[13] = np.zeros(3).tobytes()
+    with pytest.raises(ValueError, match=r"xfer must be None or bytes of 2 x D x K doubles "
+                                         r"\(16 bytes\), got bytes"):
+        fn(*lengths)
+    lengths[13] = None
+    with pytest.raises(ValueError, match="a call's xcols is a prompt length but xfer is None"):
+        fn(*lengths)
+    lengths[12], lengths[13] = [-1, ((0.0,),)], np.zeros(2).tobytes()
+    with pytest.raises(ValueError, match="a call's prompt length is negative"):
+        fn(*lengths)
     picked = list(args)
-    picked[22] = [False, True]  # call 1 already picked: only call 0 is left
+    picked[23] = [False, True]  # call 1 already picked: only call 0 is left
     assert fn(*picked) == [(0, 0, 0, 1.5)]
     full = list(args)
-    full[5], full[21] = [4], True  # d's batch is full: its start needs the releases (slow
+    full[5], full[22] = [4], True  # d's batch is full: its start needs the releases (slow
     assert fn(*full) == []  # start), which the plan does not model: it stops at once
     spare = list(args)
-    spare[21] = True  # some batch is full, but not d's and d has room: the plan goes on
+    spare[22] = True  # some batch is full, but not d's and d has room: the plan goes on
     assert fn(*spare) == fn(*args)
     derived = list(full)
-    derived[20] = derived[21] = None  # derived from the lists: 100 - 0 = 100 and d's batch full
+    derived[21] = derived[22] = None  # derived from the lists: 100 - 0 = 100 and d's batch full
     assert fn(*derived) == []
     derived[5] = [0]  # d's batch empty again: the derived limits bind nothing, as 50.0 / False
     assert fn(*derived) == fn(*args)
-    with pytest.raises(TypeError, match="takes 23 arguments"):
+    with pytest.raises(TypeError, match="takes 24 arguments"):
         fn(0.0)
     short = list(args)
-    short[19] = [10.0]  # one horizon for two calls
+    short[20] = [10.0]  # one horizon for two calls
     with pytest.raises(ValueError, match="per-call lists differ in length"):
         fn(*short)
 
@@ -868,10 +891,11 @@ def test_transfer_columns_equal_the_scalar_formula(cluster):
         assert cols == tuple(tuple(t.setup_list[p][d] + l_in * t.spt_list[p][d]
                                    for p in t.pf_rep) for d in range(t.num_decode))
         assert all(type(x) is float for row in cols for x in row)
-        # the kernels' form: the same floats, decode-instance-major, in one bytes object
-        block = t.transfer_block(l_in)
-        assert np.frombuffer(block).tolist() == [x for row in cols for x in row]
-        assert t.transfer_block(l_in) is block  # cached
+        # the kernels' form: the two tables, decode-instance-major, in one bytes object, from
+        # which setup + L x s/token gives the same floats
+        setup, spt = np.frombuffer(t.transfer_tables).reshape(2, t.num_decode, -1).tolist()
+        assert cols == tuple(tuple(s + l_in * x for s, x in zip(srow, xrow, strict=True))
+                             for srow, xrow in zip(setup, spt, strict=True))
 
 
 @pytest.mark.parametrize("build", [
