@@ -78,11 +78,6 @@ static int four_lists(PyObject *const *args, Py_ssize_t nargs, const char *fn,
     return 0;
 }
 
-static int cmp_ssize(const void *a, const void *b) {
-    Py_ssize_t x = *(const Py_ssize_t *)a, y = *(const Py_ssize_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* Every prefill class's members, flattened: mem[mem_start[k]:mem_start[k + 1]] are class k's
  * instances (each in [0, P), the classes splitting the P instances); -1 with a ValueError. */
 static int read_members(PyObject *members, Py_ssize_t P, const char *fn, Py_ssize_t *mem,
@@ -417,39 +412,49 @@ static inline void scan_column(Py_ssize_t K, const double *ready, const double *
     take_column(column_value(K, ready, xd, start, end), d, best, cols, ncols);
 }
 
+/* Whether prefill instance p (class k, ready at f) reaches best on one of the tied decode
+ * instances cols, lowest d first: that d, else -1. */
+static inline Py_ssize_t member_reaches(double f, Py_ssize_t k, Py_ssize_t K, const double *x,
+                                        const Py_ssize_t *cols, Py_ssize_t ncols,
+                                        const double *starts, const double *ends, double best) {
+    for (Py_ssize_t j = 0; j < ncols; j++) {
+        Py_ssize_t d = cols[j];
+        double a = f + x[d * K + k];
+        if ((a > starts[d] ? a : starts[d]) + ends[d] == best) return d;
+    }
+    return -1;
+}
+
 /* The pair np.argmin picks among those reaching best: the classes whose entry reaches it, then
  * their members in ascending order, lowest d first (x: the call's D x K transfer seconds, read
- * at least for the decode instances in cols). Sets *op and *od; -1 with an AssertionError if
- * no pair reaches best. reach holds K indices, plist P. */
-static int resolve_ties(Py_ssize_t K, const Py_ssize_t *mem, const Py_ssize_t *mem_start,
-                        const Py_ssize_t *cls, const double *fp, const double *ready,
-                        const double *x, const Py_ssize_t *cols, Py_ssize_t ncols,
-                        const double *starts, const double *ends, double best,
-                        Py_ssize_t *reach, Py_ssize_t *plist, Py_ssize_t *op, Py_ssize_t *od) {
-    Py_ssize_t nreach = 0;
+ * at least for the decode instances in cols). One class's members are taken in their stored
+ * order, as the Python rule takes them; several classes' members in ascending p, a pass over
+ * the P instances (the Python rule's sorted union). Sets *op and *od; -1 with an AssertionError
+ * if no pair reaches best. reach holds K flags. */
+static int resolve_ties(Py_ssize_t K, Py_ssize_t P, const Py_ssize_t *mem,
+                        const Py_ssize_t *mem_start, const Py_ssize_t *cls, const double *fp,
+                        const double *ready, const double *x, const Py_ssize_t *cols,
+                        Py_ssize_t ncols, const double *starts, const double *ends, double best,
+                        Py_ssize_t *reach, Py_ssize_t *op, Py_ssize_t *od) {
+    Py_ssize_t nreach = 0, first = -1;
     for (Py_ssize_t k = 0; k < K; k++) {
-        for (Py_ssize_t j = 0; j < ncols; j++) {
-            Py_ssize_t d = cols[j];
-            double a = ready[k] + x[d * K + k];
-            if ((a > starts[d] ? a : starts[d]) + ends[d] == best) {
-                reach[nreach++] = k;
-                break;
+        reach[k] = member_reaches(ready[k], k, K, x, cols, ncols, starts, ends, best) >= 0;
+        if (reach[k] && nreach++ == 0) first = k;
+    }
+    if (nreach == 1) {
+        for (Py_ssize_t j = mem_start[first]; j < mem_start[first + 1]; j++) {
+            Py_ssize_t p = mem[j], d = member_reaches(fp[p], first, K, x, cols, ncols, starts,
+                                                      ends, best);
+            if (d >= 0) {
+                *op = p, *od = d;
+                return 0;
             }
         }
-    }
-    Py_ssize_t nmem = 0;
-    for (Py_ssize_t r = 0; r < nreach; r++)
-        for (Py_ssize_t j = mem_start[reach[r]]; j < mem_start[reach[r] + 1]; j++)
-            plist[nmem++] = mem[j];
-    if (nreach > 1) qsort(plist, (size_t)nmem, sizeof(Py_ssize_t), cmp_ssize);
-    for (Py_ssize_t i = 0; i < nmem; i++) {
-        Py_ssize_t p = plist[i];
-        double f = fp[p];
-        Py_ssize_t k = cls[p];
-        for (Py_ssize_t j = 0; j < ncols; j++) {
-            Py_ssize_t d = cols[j];
-            double a = f + x[d * K + k];
-            if ((a > starts[d] ? a : starts[d]) + ends[d] == best) {
+    } else if (nreach > 1) {
+        for (Py_ssize_t p = 0; p < P; p++) {
+            if (!reach[cls[p]]) continue;
+            Py_ssize_t d = member_reaches(fp[p], cls[p], K, x, cols, ncols, starts, ends, best);
+            if (d >= 0) {
                 *op = p, *od = d;
                 return 0;
             }
@@ -460,8 +465,8 @@ static int resolve_ties(Py_ssize_t K, const Py_ssize_t *mem, const Py_ssize_t *m
 }
 
 /* Projections.best_prefill_pair_one_python for one call (its prefill seconds pf, its transfer
- * columns xcols with the tables xfer, its decode inputs): sets *op, *od, *obest; -1 with an exception on failure.
- * buf holds K + 2D + P + D·K doubles, ibuf D + P + K indices. */
+ * columns xcols with the tables xfer, its decode inputs): sets *op, *od, *obest; -1 with an
+ * exception on failure. buf holds K + 2D + P + D·K doubles, ibuf D + K indices. */
 static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, const double *xfer,
                          double weight, double own_ctx, double kv, double kv_true,
                          int free_start, double *buf, Py_ssize_t *ibuf, Py_ssize_t *op,
@@ -469,7 +474,7 @@ static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, const d
     Py_ssize_t K = S->K, D = S->D, P = S->P;
     double *ready = buf, *starts = buf + K, *ends = buf + K + D, *fp = buf + K + 2 * D;
     double *x = fp + P;
-    Py_ssize_t *cols = ibuf, *plist = ibuf + D, *reach = ibuf + D + P;
+    Py_ssize_t *cols = ibuf, *reach = ibuf + D;
     if (read_fp(S, pf, fp) < 0 || read_xcols(S, xfer, xcols, x) < 0) return -1;
     class_ready(K, S->mem, S->mem_start, fp, ready);
     double best = INFINITY;
@@ -488,13 +493,13 @@ static int pair_for_call(const Shared *S, PyObject *pf, PyObject *xcols, const d
         *op = *od = 0;
         return 0;
     }
-    return resolve_ties(K, S->mem, S->mem_start, S->cls, fp, ready, x, cols, ncols, starts, ends,
-                        best, reach, plist, op, od);
+    return resolve_ties(K, P, S->mem, S->mem_start, S->cls, fp, ready, x, cols, ncols, starts,
+                        ends, best, reach, op, od);
 }
 
 static int alloc_buffers(const Shared *S, double **buf, Py_ssize_t **ibuf) {
     *buf = PyMem_Malloc(sizeof(double) * (size_t)(S->K + 2 * S->D + S->P + S->D * S->K) + 1);
-    *ibuf = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(S->D + S->P + S->K) + 1);
+    *ibuf = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(S->D + S->K) + 1);
     if (*buf == NULL || *ibuf == NULL) {
         PyMem_Free(*buf);
         PyMem_Free(*ibuf);
@@ -1154,7 +1159,7 @@ typedef struct {
     char *xread;       /* n·D: x holds call i's row d */
     char *fresh;       /* D: bc, sl and room hold d's current terms */
     double *ready, *starts, *ends, *seen_val;                          /* K, D, D, 2D */
-    Py_ssize_t *cnt, *maxb, *kind, *scan, *cls, *mem, *mem_start, *cols, *plist, *reach;
+    Py_ssize_t *cnt, *maxb, *kind, *scan, *cls, *mem, *mem_start, *cols, *reach;
     Py_ssize_t *seen_kind;
     char *picked;
     /* Each slot's last answer, kept exact commit by commit (plan_slot): its column values over
@@ -1240,8 +1245,8 @@ static int plan_pair(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
     }
     *obest = best;
     if (best == INFINITY) return 0; /* no valid pair: the pick raises in Python */
-    if (resolve_ties(K, W->mem, W->mem_start, W->cls, fp, ready, x, W->cols, ncols, W->starts,
-                     W->ends, best, W->reach, W->plist, op, od) < 0)
+    if (resolve_ties(K, P, W->mem, W->mem_start, W->cls, fp, ready, x, W->cols, ncols,
+                     W->starts, W->ends, best, W->reach, op, od) < 0)
         return -1;
     memcpy(W->rdy + i * K, ready, sizeof(double) * (size_t)K);
     W->ver[i] = W->commits;
@@ -1301,8 +1306,8 @@ static int plan_slot(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
         int rr = plan_start_end(W, i, d, free_start, &W->starts[d], &W->ends[d]);
         if (rr != 0) return rr < 0 ? -1 : 0;
     }
-    if (resolve_ties(K, W->mem, W->mem_start, W->cls, fp, ready, x, W->cols, ncols,
-                     W->starts, W->ends, best, W->reach, W->plist, op, od) < 0)
+    if (resolve_ties(K, P, W->mem, W->mem_start, W->cls, fp, ready, x, W->cols, ncols,
+                     W->starts, W->ends, best, W->reach, op, od) < 0)
         return -1;
     W->ver[i] = W->commits;
     return 1;
@@ -1358,7 +1363,7 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (read_xfer(args[13], D, K, "risk_plan", &W.xfer) < 0) return NULL;
     size_t nd = (size_t)(P + 8 * D + n * P + n * D * K + 8 * n + K + 2 * D + 2 * D +
                          n * D + n * K + n * P);
-    size_t ni = (size_t)(4 * D + 2 * P + K + 1 + D + P + K + D + n + D);
+    size_t ni = (size_t)(4 * D + 2 * P + K + 1 + D + K + D + n + D);
     W.block = PyMem_Malloc(sizeof(double) * nd + sizeof(Py_ssize_t) * ni +
                            (size_t)(n + n * D + D + n) + 1);
     if (W.block == NULL) return PyErr_NoMemory();
@@ -1398,7 +1403,6 @@ static PyObject *risk_plan(PyObject *self, PyObject *const *args, Py_ssize_t nar
     W.mem = ix, ix += P;
     W.mem_start = ix, ix += K + 1;
     W.cols = ix, ix += D;
-    W.plist = ix, ix += P;
     W.reach = ix, ix += K;
     W.seen_kind = ix, ix += D;
     W.ver = ix, ix += n;

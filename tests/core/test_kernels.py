@@ -123,6 +123,15 @@ def test_hand_computed_pairs_and_clear_errors():
     # call 1 as a prompt length of 4 tokens: 0.25 s setup + 4 x 0.5 s = 2.25 s more transfer
     lengths = [calls[0], [((0.0,),), 4, ((0.0,),)], np.array([0.25, 0.5]).tobytes(), *calls[3:]]
     assert fn(*shared, *lengths, 50.0, False, [0, 1]) == [(0, 0, 1.0), (0, 0, 4.75)]
+    # ties between prefill instances: three idle ones in two classes ([2, 1] and [0], stored in
+    # that order), no transfer. Equal prefills: both classes reach the best, and the lowest p
+    # of their members wins (0); a slower p0: only class [2, 1] does, and its first member in
+    # stored order wins (2), as the Python rule iterates one class's members
+    three = [0.0, [0.0] * 3, [[2, 1], [0]], [1, 0, 0], [0], [0], [0.0], [0.0],
+             [(100.0, 4, (0.0, 1.0), (0.0, 0.0))], 1, [100.0], None]
+    ties = [[[0.5, 0.5, 0.5], [0.6, 0.5, 0.5]], [((0.0, 0.0),)] * 2, None, [1.0, 1.0],
+            [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]
+    assert fn(*three, *ties, 50.0, False, [0, 1]) == [(0, 0, 1.5), (2, 0, 1.5)]
     bad = [[{0: 0.0}, [0.5], [0.0]], *calls[1:]]
     with pytest.raises(TypeError, match="pf must be a list or tuple, got dict"):
         fn(*shared, *bad, 50.0, False, [0])
