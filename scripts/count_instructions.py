@@ -14,8 +14,14 @@ Usage:
     python scripts/count_instructions.py first     # per simulated call: a fresh env's first
                                                    # rollout (every standalone horizon in it)
     python scripts/count_instructions.py rollout --cluster hetero-1-x8 --num-workflows 3200
+    python scripts/count_instructions.py rollout --misses   # and the cache misses per unit
 
-Each child takes 20–60 s under valgrind (hetero-1, 400 workflows).
+With ``--misses`` the children also simulate a fixed cache model (L1 instruction and data
+caches of 32 KB and a last-level cache of 1 MB, all 8-way with 64-byte lines: the same
+figures on every machine) and the script adds the L1 data and last-level misses per unit:
+what a larger working set costs beyond its instructions (each last-level miss is a trip to
+memory, some 60–100 ns). Each child takes 20–60 s under valgrind (hetero-1, 400 workflows),
+about twice that with ``--misses``.
 """
 
 from __future__ import annotations
@@ -40,6 +46,10 @@ UNIT = {"step": "env step", "rollout": "simulated call", "first": "simulated cal
 WHAT = tuple(UNIT)  # what can be counted
 WARM_UP_STEPS = 4000  # random steps before a step count: the env's steady state
 _REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
+# the cache model of --misses: (size in bytes, ways, line bytes) of I1, D1 and the last level
+CACHE_MODEL = ("--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,8,64")
+# the names printed for the totals of cachegrind's "D1 misses:" and "LL misses:" lines
+_MISSES = {"L1 data misses": "D1", "last-level misses": "LL"}
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -52,9 +62,25 @@ def instructions_from(report: str) -> int:
     return int(found.group(1).replace(",", ""))
 
 
+def misses_from(report: str) -> dict[str, int]:
+    """The totals of valgrind's ``D1 misses:`` and ``LL misses:`` lines (a cachegrind report
+    with the cache simulated), by the names the script prints."""
+    totals = {}
+    for name, cache in _MISSES.items():
+        found = re.search(cache + r"\s+misses:\s+([\d,]+)", report)
+        if found is None:
+            raise ValueError(f"no '{cache} misses:' line in valgrind's output (was the cache "
+                             "simulated?)")
+        totals[name] = int(found.group(1).replace(",", ""))
+    return totals
+
+
 def child_command(args: argparse.Namespace, run: int) -> list[str]:
-    """The valgrind command of one child: the set-up, then the measured part ``run`` times."""
-    return ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
+    """The valgrind command of one child: the set-up, then the measured part ``run`` times
+    (with ``args.misses``, under the fixed cache model)."""
+    cache = ["--cache-sim=yes", *CACHE_MODEL] if getattr(args, "misses", False) else [
+        "--cache-sim=no"]
+    return ["valgrind", "--tool=cachegrind", *cache, "--cachegrind-out-file=/dev/null",
             sys.executable, str(Path(__file__).resolve()), args.what, "--child", str(run),
             "--cluster", args.cluster, "--trace", args.trace,
             "--num-workflows", str(args.num_workflows), "--load", str(args.load),
@@ -106,8 +132,9 @@ def check_inputs(args: argparse.Namespace) -> None:
         make_policy(args.policy)
 
 
-def count(args: argparse.Namespace) -> tuple[float, int]:
-    """(instructions per unit, units) from the two children."""
+def count(args: argparse.Namespace) -> tuple[dict[str, float], int]:
+    """(figures per unit, units) from the two children: the instructions, and with
+    ``args.misses`` the L1 data and last-level misses."""
     if shutil.which("valgrind") is None:
         raise SystemExit("count_instructions: valgrind is not on PATH; install it (Debian and "
                          "Ubuntu: apt install valgrind) or use scripts/bench.py's wall times")
@@ -119,12 +146,15 @@ def count(args: argparse.Namespace) -> tuple[float, int]:
         if done.returncode != 0:
             raise SystemExit(f"count_instructions: the child ({args.what}, run {run}) failed "
                              f"with exit code {done.returncode}:\n{done.stderr[-2000:]}")
-        totals.append(instructions_from(done.stderr))
+        figures = {"instructions": instructions_from(done.stderr)}
+        if getattr(args, "misses", False):
+            figures.update(misses_from(done.stderr))
+        totals.append(figures)
         units = int(done.stdout.split()[-1])
     if units < 1:
         raise SystemExit(f"count_instructions: the measured {args.what} ran no "
                          f"{UNIT[args.what]}")
-    return (totals[1] - totals[0]) / units, units
+    return {name: (totals[1][name] - totals[0][name]) / units for name in totals[0]}, units
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="hexagent", help="registered policy of rollouts")
     parser.add_argument("--steps", type=int, default=4000, help="env steps counted (step)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--misses", action="store_true",
+                        help="also simulate a fixed cache model (L1 32 KB, last level 1 MB) "
+                        "and print the L1 data and last-level misses per unit")
     parser.add_argument("--child", type=int, choices=(0, 1), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.steps < 1 or args.num_workflows < 1:
@@ -154,8 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"{args.what} on {args.cluster} / {args.trace}, {args.num_workflows} workflows: "
-          f"{per_unit:,.0f} instructions per {UNIT[args.what]} (over {units:,} of them; "
-          f"valgrind, one BLAS thread)")
+          f"{per_unit['instructions']:,.0f} instructions per {UNIT[args.what]} (over "
+          f"{units:,} of them; valgrind, one BLAS thread)")
+    if args.misses:
+        print("  cache model L1 32 KB, last level 1 MB: " + ", ".join(
+            f"{per_unit[name]:,.1f} {name}" for name in _MISSES) + f" per {UNIT[args.what]}")
     return 0
 
 

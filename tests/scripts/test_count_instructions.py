@@ -22,6 +22,19 @@ def test_instructions_from_reads_the_total_and_says_what_is_missing():
         ci.instructions_from("valgrind: command failed\n")
 
 
+def test_misses_from_reads_the_l1_data_and_last_level_totals():
+    report = ("==7== I   refs:      16,892,506,879\n"
+              "==7== I1  misses:          1,208,144\n"
+              "==7== LLi misses:             40,105\n"
+              "==7== D1  misses:       273,840,869  (   246,756,834 rd   +    27,084,035 wr)\n"
+              "==7== LLd misses:        23,084,098  (    19,542,768 rd   +     3,541,330 wr)\n"
+              "==7== LL misses:         23,124,203  (    19,582,873 rd   +     3,541,330 wr)\n")
+    assert ci.misses_from(report) == {"L1 data misses": 273_840_869,
+                                      "last-level misses": 23_124_203}
+    with pytest.raises(ValueError, match=r"no 'D1 misses:' line .*was the cache simulated"):
+        ci.misses_from("==7== I   refs:      16,892,506,879\n")
+
+
 @pytest.mark.parametrize("what", ["step", "rollout", "first"])
 def test_children_run_the_measured_part_only_when_asked(what, capsys):
     flags = ["--num-workflows", "10", "--steps", "25"]
@@ -45,27 +58,42 @@ def test_children_run_under_cachegrind_with_one_blas_thread():
     assert cmd[:4] == ["valgrind", "--tool=cachegrind", "--cache-sim=no",
                        "--cachegrind-out-file=/dev/null"]
     assert cmd[cmd.index("--child") + 1] == "1" and "hetero-1-x8" in cmd and "3200" in cmd
+    with_misses = ci.child_command(SimpleNamespace(**vars(ns), misses=True), 1)
+    assert with_misses[:6] == ["valgrind", "--tool=cachegrind", "--cache-sim=yes",
+                               "--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,8,64"]
+    assert with_misses[6:] == cmd[3:]  # the same child otherwise
     env = ci.child_env()
     assert env["OPENBLAS_NUM_THREADS"] == "1" and env["PYTHONHASHSEED"] == "0"
     assert env["PYTHONPATH"].split(":")[0] == str(ci.ROOT)
 
 
-def test_count_is_the_difference_per_unit(monkeypatch):
+def test_count_is_the_difference_per_unit(monkeypatch, capsys):
     runs = []
 
     def fake_run(cmd, **kwargs):
         run = int(cmd[cmd.index("--child") + 1])
         runs.append(run)
         total = "1,600,000" if run else "1,000,000"
-        return subprocess.CompletedProcess(cmd, 0, stdout=f"units {300 * run}\n",
-                                           stderr=f"==1== I   refs:      {total}\n")
+        d1, ll = ("9,000", "1,200") if run else ("6,000", "600")
+        return subprocess.CompletedProcess(
+            cmd, 0, stdout=f"units {300 * run}\n", stderr=f"==1== I   refs:      {total}\n"
+            f"==1== D1  misses:      {d1}  (1 rd + 1 wr)\n==1== LL misses:      {ll}  (1 rd)\n")
 
     monkeypatch.setattr(ci.shutil, "which", lambda name: "/usr/bin/valgrind")
     monkeypatch.setattr(ci.subprocess, "run", fake_run)
     args = SimpleNamespace(what="step", cluster="hetero-1", trace="bfcl_v3", num_workflows=400,
                            load=1.0, policy="hexagent", steps=300, seed=0)
-    assert ci.count(args) == (2000.0, 300)
+    assert ci.count(args) == ({"instructions": 2000.0}, 300)
     assert runs == [0, 1]
+    assert ci.count(SimpleNamespace(**vars(args), misses=True)) == (
+        {"instructions": 2000.0, "L1 data misses": 10.0, "last-level misses": 2.0}, 300)
+    monkeypatch.setattr(ci, "check_inputs", lambda args: None)
+    assert ci.main(["step", "--steps", "300", "--misses"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "step on hetero-1 / bfcl_v3, 400 workflows: 2,000 instructions per env step (over 300 "
+        "of them; valgrind, one BLAS thread)",
+        "  cache model L1 32 KB, last level 1 MB: 10.0 L1 data misses, 2.0 last-level misses "
+        "per env step"]
 
 
 def test_clear_errors(monkeypatch, capsys):
