@@ -336,8 +336,14 @@ static int read_xcols(const Shared *S, const double *xfer, PyObject *xcols, doub
     double L = xcols_tokens(xcols, xfer, "xcols");
     if (L == -2.0) return -1;
     if (L >= 0.0) {
+        if (!S->nscan) { /* every row: one pass over the D x K entries, as xfer_row's */
+            Py_ssize_t n = S->D * S->K;
+            const double *setup = xfer, *spt = xfer + n;
+            for (Py_ssize_t j = 0; j < n; j++) x[j] = setup[j] + L * spt[j];
+            return 0;
+        }
         for (Py_ssize_t j = 0; j < nread; j++) {
-            Py_ssize_t d = S->nscan ? S->scan[j] : j;
+            Py_ssize_t d = S->scan[j];
             xfer_row(xfer, S->D, S->K, L, d, x + d * S->K);
         }
         return 0;
