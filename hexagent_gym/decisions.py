@@ -69,7 +69,7 @@ class DecisionPoint:
         self._min: np.ndarray | None = None
         self._last: tuple[int, int, int, float] | None = None  # last best_pair under this Ŝ
         self._pairs: dict[int, tuple[int, int, float]] = {}  # scalar best pairs under this Ŝ
-        self._kin: tuple[list, ...] | None = None  # the compiled kernel's per-call inputs
+        self._kin: tuple | None = None  # the compiled kernels' per-call inputs (and tables)
         # picks computed ahead by risk_plan, from pick number _ahead_from on (their Δ is exact)
         self._ahead: list[tuple[int, int, int, float]] = []
         self._ahead_from = 0
