@@ -307,12 +307,17 @@ static double xcols_tokens(PyObject *xc, const double *xfer, const char *fn) {
     return -2.0;
 }
 
-/* Row d of the transfer seconds of a prompt of L tokens into out[0..K): setup + L * spt, the
+/* n entries of the transfer seconds of a prompt of L tokens into out: setup + L * spt, the
  * same two IEEE operations per entry as ClusterTables._transfer_seconds' numpy expression. */
+static inline void xfer_span(const double *setup, const double *spt, Py_ssize_t n, double L,
+                             double *out) {
+    for (Py_ssize_t j = 0; j < n; j++) out[j] = setup[j] + L * spt[j];
+}
+
+/* Row d (K entries) of those seconds, from the tables xfer (read_xfer's layout). */
 static inline void xfer_row(const double *xfer, Py_ssize_t D, Py_ssize_t K, double L,
                             Py_ssize_t d, double *out) {
-    const double *setup = xfer + d * K, *spt = xfer + (D + d) * K;
-    for (Py_ssize_t k = 0; k < K; k++) out[k] = setup[k] + L * spt[k];
+    xfer_span(xfer + d * K, xfer + (D + d) * K, K, L, out);
 }
 
 /* Row d of a call's transfer columns given as rows (a tuple or list per decode instance) into
@@ -336,10 +341,8 @@ static int read_xcols(const Shared *S, const double *xfer, PyObject *xcols, doub
     double L = xcols_tokens(xcols, xfer, "xcols");
     if (L == -2.0) return -1;
     if (L >= 0.0) {
-        if (!S->nscan) { /* every row: one pass over the D x K entries, as xfer_row's */
-            Py_ssize_t n = S->D * S->K;
-            const double *setup = xfer, *spt = xfer + n;
-            for (Py_ssize_t j = 0; j < n; j++) x[j] = setup[j] + L * spt[j];
+        if (!S->nscan) { /* every row: one pass over the D x K entries */
+            xfer_span(xfer, xfer + S->D * S->K, S->D * S->K, L, x);
             return 0;
         }
         for (Py_ssize_t j = 0; j < nread; j++) {
