@@ -929,14 +929,15 @@ done:
     return result;
 }
 
-/* Interned attribute names of the core's entities read by begin_rows (set at import). */
+/* Interned attribute names of the core's entities read by begin_rows and commit_prefill_picks
+ * (set at import). */
 enum { A_WORKFLOW, A_ARRIVAL, A_H_EST, A_TRANSFER_END, A_REVEAL_T, A_L_IN, A_L_OUT_PRED,
        A_EST_DURATION, A_NUM_DONE, A_SERVICE, A_OPEN_CALLS, A_CACHED, A_RUNNING, A_QUEUE,
-       A_BATCH, A_WAITING, A_COUNT };
+       A_BATCH, A_WAITING, A_PF_EST, A_PF_COLD, A_KV_PRED, A_CTX_SHARE, A_COUNT };
 static const char *const attr_names[A_COUNT] = {
     "workflow", "arrival", "h_est", "transfer_end", "reveal_t", "l_in", "l_out_pred",
     "est_duration", "num_done", "service", "open_calls", "cached", "running", "queue", "batch",
-    "waiting"};
+    "waiting", "pf_est", "pf_cold", "kv_pred", "ctx_share"};
 static PyObject *attr_str[A_COUNT];
 
 /* Where each name lives in the last type it was read from, when that type keeps it in a
@@ -2061,6 +2062,163 @@ static PyObject *prefill_free_times(PyObject *self, PyObject *const *args, Py_ss
     return out;
 }
 
+/* a + b as Python's a + b: the float sum of two floats here, any other pair by the generic
+ * number protocol (an int plus an int stays an int, as in the Python rule). */
+static inline PyObject *num_add(PyObject *a, PyObject *b) {
+    if (PyFloat_CheckExact(a) && PyFloat_CheckExact(b))
+        return PyFloat_FromDouble(PyFloat_AS_DOUBLE(a) + PyFloat_AS_DOUBLE(b));
+    return PyNumber_Add(a, b);
+}
+
+/* lst[i] = lst[i] + b (lst a list, i in range); 0, or -1 with an exception. */
+static int list_add(PyObject *lst, Py_ssize_t i, PyObject *b) {
+    PyObject *v = num_add(PyList_GET_ITEM(lst, i), b);
+    if (v == NULL) return -1;
+    PyObject *old = PyList_GET_ITEM(lst, i);
+    PyList_SET_ITEM(lst, i, v);
+    Py_DECREF(old);
+    return 0;
+}
+
+/* commit_prefill_picks(picks, cache_aware, free, pf_tokens, tokens, count, ctx, log, now,
+ *                      capacity, max_batch, scan_kept, limits) -> (scan_kept, limits)
+ * The loop of PlanState.commit_prefill_picks (its path without numpy twins, release lists or a
+ * step-time cache), pick by pick with the same Python objects and operations: for each
+ * (call, p, d, delta) of picks, free[p] += (call.pf_est if cache_aware else call.pf_cold)[p],
+ * pf_tokens[p] += call.l_in; scan_kept becomes False when d was idle (count[d] == 0 and
+ * tokens[d] <= 0); tokens[d] += call.kv_pred, count[d] += 1, ctx[d] += call.ctx_share; limits
+ * (None, or the pair (slack, any_full)) becomes (min(slack, capacity[d] - tokens[d]), any_full
+ * or count[d] >= max_batch[d]) as the Python expression picks its objects; log gains
+ * (d, now + delta, float(call.kv_pred)). free, pf_tokens, tokens, count, ctx and log are lists,
+ * updated in place. */
+static PyObject *commit_prefill_picks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 13, "commit_prefill_picks")) return NULL;
+    PyObject *picks = args[0], *free = args[2], *pf_tokens = args[3], *tokens = args[4];
+    PyObject *count = args[5], *ctx = args[6], *log = args[7], *now = args[8];
+    PyObject *capacity = args[9], *max_batch = args[10];
+    int cache_aware = PyObject_IsTrue(args[1]), scan_kept = PyObject_IsTrue(args[11]);
+    if (cache_aware < 0 || scan_kept < 0) return NULL;
+    PyObject *const lists[6] = {free, pf_tokens, tokens, count, ctx, log};
+    const char *const names[6] = {"free", "pf_tokens", "tokens", "count", "ctx", "log"};
+    for (int j = 0; j < 6; j++)
+        if (!PyList_CheckExact(lists[j])) {
+            PyErr_Format(PyExc_TypeError, "commit_prefill_picks: %s must be a list, got %s",
+                         names[j], Py_TYPE(lists[j])->tp_name);
+            return NULL;
+        }
+    if (!is_seq(picks, "picks") || !is_seq(capacity, "capacity") ||
+        !is_seq(max_batch, "max_batch"))
+        return NULL;
+    Py_ssize_t P = PyList_GET_SIZE(free), D = PyList_GET_SIZE(tokens);
+    if (PyList_GET_SIZE(pf_tokens) != P || PyList_GET_SIZE(count) != D ||
+        PyList_GET_SIZE(ctx) != D || Py_SIZE(capacity) != D || Py_SIZE(max_batch) != D) {
+        PyErr_SetString(PyExc_ValueError, "commit_prefill_picks: inconsistent sizes");
+        return NULL;
+    }
+    PyObject *limits = args[12];
+    if (limits != Py_None && !(PyTuple_CheckExact(limits) && PyTuple_GET_SIZE(limits) == 2)) {
+        PyErr_SetString(PyExc_TypeError, "commit_prefill_picks: limits must be None or a pair");
+        return NULL;
+    }
+    Py_INCREF(limits);
+    PyObject *one = PyLong_FromLong(1), *zero = PyFloat_FromDouble(0.0);
+    if (one == NULL || zero == NULL) goto fail;
+    for (Py_ssize_t i = 0; i < Py_SIZE(picks); i++) {
+        PyObject *pick = at(picks, i);
+        if (!PyTuple_CheckExact(pick) || PyTuple_GET_SIZE(pick) != 4) {
+            PyErr_SetString(PyExc_TypeError,
+                            "commit_prefill_picks: a pick must be a tuple (call, p, d, delta)");
+            goto fail;
+        }
+        PyObject *call = PyTuple_GET_ITEM(pick, 0), *d_obj = PyTuple_GET_ITEM(pick, 2);
+        Py_ssize_t p = as_ssize(PyTuple_GET_ITEM(pick, 1)), d = as_ssize(d_obj);
+        if (PyErr_Occurred()) goto fail;
+        if (p < 0 || p >= P || d < 0 || d >= D) {
+            PyErr_Format(PyExc_IndexError, "commit_prefill_picks: pick (p=%zd, d=%zd) outside "
+                         "%zd prefill and %zd decode instances", p, d, P, D);
+            goto fail;
+        }
+        /* free[p] += pf[p]; pf_tokens[p] += call.l_in */
+        PyObject *pf = attr(call, cache_aware ? A_PF_EST : A_PF_COLD);
+        if (pf == NULL) goto fail;
+        PyObject *pf_p = PySequence_GetItem(pf, p);
+        Py_DECREF(pf);
+        if (pf_p == NULL) goto fail;
+        int rc = list_add(free, p, pf_p);
+        Py_DECREF(pf_p);
+        PyObject *v = rc < 0 ? NULL : attr(call, A_L_IN);
+        if (v == NULL) goto fail;
+        rc = list_add(pf_tokens, p, v);
+        Py_DECREF(v);
+        if (rc < 0) goto fail;
+        /* d idle (no call, no tokens): it leaves its twins, the scan is rebuilt */
+        if (scan_kept) {
+            int busy = PyObject_IsTrue(PyList_GET_ITEM(count, d));
+            if (busy < 0) goto fail;
+            if (!busy) {
+                int empty = PyObject_RichCompareBool(PyList_GET_ITEM(tokens, d), zero, Py_LE);
+                if (empty < 0) goto fail;
+                if (empty) scan_kept = 0;
+            }
+        }
+        /* the decode lists */
+        PyObject *kv = attr(call, A_KV_PRED);
+        if (kv == NULL) goto fail;
+        if (list_add(tokens, d, kv) < 0 || list_add(count, d, one) < 0 ||
+            (v = attr(call, A_CTX_SHARE)) == NULL) {
+            Py_DECREF(kv);
+            goto fail;
+        }
+        rc = list_add(ctx, d, v);
+        Py_DECREF(v);
+        if (rc < 0) {
+            Py_DECREF(kv);
+            goto fail;
+        }
+        /* limits = (slack if slack < limits[0] else limits[0], limits[1] or count[d] >= mb[d]) */
+        if (limits != Py_None) {
+            PyObject *slack = PyNumber_Subtract(at(capacity, d), PyList_GET_ITEM(tokens, d));
+            if (slack == NULL) {
+                Py_DECREF(kv);
+                goto fail;
+            }
+            PyObject *low = PyTuple_GET_ITEM(limits, 0), *full = PyTuple_GET_ITEM(limits, 1);
+            int below = PyObject_RichCompareBool(slack, low, Py_LT);
+            int was_full = below < 0 ? -1 : PyObject_IsTrue(full);
+            PyObject *now_full = was_full < 0 ? NULL : was_full ? Py_NewRef(full)
+                : PyObject_RichCompare(PyList_GET_ITEM(count, d), at(max_batch, d), Py_GE);
+            PyObject *next = now_full == NULL ? NULL
+                : PyTuple_Pack(2, below ? slack : low, now_full);
+            Py_DECREF(slack);
+            Py_XDECREF(now_full);
+            if (next == NULL) {
+                Py_DECREF(kv);
+                goto fail;
+            }
+            Py_SETREF(limits, next);
+        }
+        /* log.append((d, now + delta, float(kv))) */
+        PyObject *when = num_add(now, PyTuple_GET_ITEM(pick, 3));
+        PyObject *kvf = PyNumber_Float(kv);
+        Py_DECREF(kv);
+        PyObject *entry = when == NULL || kvf == NULL ? NULL : PyTuple_Pack(3, d_obj, when, kvf);
+        Py_XDECREF(when);
+        Py_XDECREF(kvf);
+        if (entry == NULL) goto fail;
+        rc = PyList_Append(log, entry);
+        Py_DECREF(entry);
+        if (rc < 0) goto fail;
+    }
+    Py_DECREF(one);
+    Py_DECREF(zero);
+    return Py_BuildValue("(ON)", scan_kept ? Py_True : Py_False, limits);
+fail:
+    Py_XDECREF(one);
+    Py_XDECREF(zero);
+    Py_DECREF(limits);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"best_prefill_pairs", (PyCFunction)(void (*)(void))best_prefill_pairs, METH_FASTCALL,
      "best_prefill_pairs(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static, "
@@ -2100,6 +2258,10 @@ static PyMethodDef methods[] = {
      "cache_unlock(refs, blocks, k) -> None: PrefixCache.unlock."},
     {"earliest_pair", (PyCFunction)(void (*)(void))earliest_pair, METH_FASTCALL,
      "earliest_pair(...) -> (p, d, delta): placement.earliest_pair_python (see the source)."},
+    {"commit_prefill_picks", (PyCFunction)(void (*)(void))commit_prefill_picks, METH_FASTCALL,
+     "commit_prefill_picks(picks, cache_aware, free, pf_tokens, tokens, count, ctx, log, now, "
+     "capacity, max_batch, scan_kept, limits) -> (scan_kept, limits): the loop of "
+     "PlanState.commit_prefill_picks (see the source)."},
     {"prefill_free_times", (PyCFunction)(void (*)(void))prefill_free_times, METH_FASTCALL,
      "prefill_free_times(run_end, now, queued) -> [float]: entities.prefill_free_times."},
     {"decode_scan", (PyCFunction)(void (*)(void))decode_scan, METH_FASTCALL,

@@ -39,6 +39,10 @@ decode lists), or None."""
 prefill_free_times = None
 """The compiled ``entities.prefill_free_times_python``, or None."""
 
+commit_prefill_picks = None
+"""The compiled loop of ``PlanState.commit_prefill_picks`` (its Python loop is the reference),
+or None."""
+
 decode_limits = None
 """The compiled ``plan_state.decode_limits_python``, or None."""
 
@@ -84,11 +88,13 @@ def use_compiled(on: bool) -> None:
     global best_prefill_pairs, prefill_grid, decode_scan, prefill_free_times, decode_limits
     global observe_step, risk_plan, match_levels, earliest_pair, begin_rows
     global cache_lock, cache_insert, cache_unlock, standalone_estimate, decode_cells
+    global commit_prefill_picks
     on = bool(on and AVAILABLE)
     best_prefill_pairs = _compiled.best_prefill_pairs if on else None
     prefill_grid = _compiled.prefill_grid if on else None
     decode_scan = _compiled.decode_scan if on else None
     prefill_free_times = _compiled.prefill_free_times if on else None
+    commit_prefill_picks = _compiled.commit_prefill_picks if on else None
     decode_limits = _compiled.decode_limits if on else None
     observe_step = _compiled.observe_step if on else None
     begin_rows = _compiled.begin_rows if on else None
@@ -105,6 +111,6 @@ def use_compiled(on: bool) -> None:
 use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
 
 __all__ = ["AVAILABLE", "begin_rows", "best_prefill_pairs", "cache_insert", "cache_lock",
-           "cache_unlock", "decode_cells", "decode_limits", "decode_scan",
+           "cache_unlock", "commit_prefill_picks", "decode_cells", "decode_limits", "decode_scan",
            "earliest_pair", "match_levels", "observe_step", "prefill_free_times", "prefill_grid",
            "risk_plan", "standalone_estimate", "use_compiled"]

@@ -272,6 +272,14 @@ class PlanState(Projections):
         scan, limits, now, log = self._scan, self._limits, self.now, self._pick_log
         t = self.tables
         capacity, max_batch = t.dec_capacity, t.max_batch_list
+        kernel = kernels.commit_prefill_picks
+        if kernel is not None:  # the loop below, compiled: the same objects and operations
+            kept, self._limits = kernel(picks, cache_aware, free_l, pf_tokens_l, tokens, count,
+                                        ctx, log, now, capacity, max_batch, scan is not None,
+                                        limits)
+            if not kept:
+                self._scan = None
+            return
         for call, p, d, delta in picks:
             free_l[p] += (call.pf_est if cache_aware else call.pf_cold)[p]
             pf_tokens_l[p] += call.l_in

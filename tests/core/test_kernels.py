@@ -952,3 +952,100 @@ def test_compiled_decode_cells_by_hand_and_errors():
         fn(out.astype(np.float32), [], [], [], [], [], 0.0, [0, 0], [0.0, 0.0], static, 2)
     with pytest.raises(ValueError, match="one entry per cell"):
         fn(out, [0], [], [], [], [], 0.0, [0, 0], [0.0, 0.0], static, 2)
+
+
+def _state_of(st) -> tuple:
+    """Everything PlanState.commit_prefill_picks writes, with each number's type and bits."""
+    def exact(values):
+        return [(type(v), v.hex() if isinstance(v, float) else v) for v in values]
+
+    log = [(type(d), d, when.hex(), kv.hex()) for d, when, kv in st._pick_log]
+    return (exact(st.free_l), exact(st.pf_tokens_l), exact(st.dec_tokens_l),
+            exact(st.dec_count_l), exact(st.dec_ctx_l), log, st._scan is None,
+            None if st._limits is None else (exact([st._limits[0]]), st._limits[1]))
+
+
+@pytest.mark.parametrize(("build", "idle_picked"), [
+    (lambda: EpisodeFactory(EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3",
+                                          num_workflows=200, load=1.2, seed=3)).simulator(), True),
+    (lambda: EpisodeFactory(EpisodeConfig(**EPISODES[3], seed=1)).simulator(), False),
+    (tight_memory_simulator, True),
+], ids=["hetero-1-x4", "errors-no-cache", "tight-memory"])
+def test_compiled_commit_of_prefill_picks_equals_python(build, idle_picked):
+    """Every plan of a HexAgent episode's multi-call prefill windows, committed to copies of Ŝ
+    by the compiled loop and by the Python loop (cache-aware and not, with and without the
+    decode limits and a kept scan): the same lists, log, scan and limits, object types and float
+    bits included. ``idle_picked``: some plan places a call on an idle decode instance (the
+    kept scan is dropped)."""
+    from hexagent_gym.plan_state import PlanState
+
+    kernels.use_compiled(True)
+    sim = build()
+    policy = make_policy("hexagent")
+    policy.reset(sim)
+    checked = limited = dropped = 0
+    dp = sim.run_until_decision()
+    while dp is not None:
+        if dp.stage == Stage.PREFILL and len(dp.calls) > 1:
+            plan = dp.risk_plan()
+            picks = [(dp.calls[slot], p, d, value) for slot, p, d, value in plan]
+            st = dp.state
+            variants = [(cache_aware, limits, scan) for cache_aware in (True, False)
+                        for limits in (st.limits(), None) for scan in (st.decode_scan(), None)]
+            for cache_aware, limits, scan in variants:
+                states = []
+                for on in (True, False):
+                    copy = st.copy()
+                    copy._releases, copy._tau_cache = {}, None
+                    copy._limits, copy._scan = limits, scan
+                    kernels.use_compiled(on)
+                    try:
+                        PlanState.commit_prefill_picks(copy, picks, cache_aware)
+                    finally:
+                        kernels.use_compiled(True)
+                    states.append(_state_of(copy))
+                assert states[0] == states[1]
+                checked += 1
+                limited += limits is not None
+                dropped += scan is not None and states[0][6]
+        while not dp.done:
+            dp.pick(*policy.pick(dp))
+        dp = sim.run_until_decision()
+    assert checked > 8 and limited > 0 and (dropped > 0) == idle_picked
+
+
+def test_compiled_commit_of_prefill_picks_by_hand_and_clear_errors():
+    """Two picks on 2 prefill and 2 decode instances, worked out by hand: ints stay ints where
+    Python keeps them so, the idle instance drops the scan, the limits take the lower slack."""
+    from types import SimpleNamespace as Call
+
+    fn = kernels._compiled.commit_prefill_picks
+    a = Call(pf_est=(0.5, 0.25), pf_cold=(1.0, 2.0), l_in=100, kv_pred=300, ctx_share=150.0)
+    b = Call(pf_est=(0.125, 4.0), pf_cold=(8.0, 8.0), l_in=50, kv_pred=60.5, ctx_share=75.0)
+    free, pf_tokens, tokens, count, ctx, log = [1.0, 2.0], [0.0, 10.0], [0.0, 500.0], [0, 2], \
+        [0.0, 900.0], []
+    kept, limits = fn([(a, 1, 0, 0.75), (b, 0, 1, 1.5)], True, free, pf_tokens, tokens, count,
+                      ctx, log, 10.0, [1000.0, 600.0], [4, 3], True, (900.0, False))
+    assert free == [1.125, 2.25] and pf_tokens == [50.0, 110.0]
+    assert tokens == [300.0, 560.5] and count == [1, 3] and ctx == [150.0, 975.0]
+    assert [type(x) for x in count] == [int, int]
+    assert log == [(0, 10.75, 300.0), (1, 11.5, 60.5)] and type(log[0][2]) is float
+    assert kept is False  # decode 0 was idle (no call, no tokens): the scan is rebuilt
+    assert limits == (39.5, True)  # min(900, 1000 - 300, 600 - 560.5); count 3 >= max_batch 3
+    free2 = [1.0, 2.0]
+    assert fn([(a, 0, 1, 0.0)], False, free2, [0.0, 0.0], [1.0, 1.0], [1, 1], [0.0, 0.0], [],
+              0.0, [9.0, 9.0], [4, 4], True, None) == (True, None)
+    assert free2 == [2.0, 2.0]  # not cache-aware: pf_cold
+    lists = ([0.0], [0.0], [0.0], [0], [0.0], [])
+    with pytest.raises(TypeError, match="free must be a list, got tuple"):
+        fn([], True, (0.0,), *lists[1:], 0.0, [1.0], [1], True, None)
+    with pytest.raises(TypeError, match=r"a pick must be a tuple \(call, p, d, delta\)"):
+        fn([(a, 0, 0)], True, *lists, 0.0, [1.0], [1], True, None)
+    with pytest.raises(IndexError, match=r"pick \(p=1, d=0\) outside 1 prefill and 1 decode"):
+        fn([(a, 1, 0, 0.0)], True, *lists, 0.0, [1.0], [1], True, None)
+    with pytest.raises(ValueError, match="inconsistent sizes"):
+        fn([], True, *lists, 0.0, [1.0, 2.0], [1], True, None)
+    with pytest.raises(TypeError, match="limits must be None or a pair"):
+        fn([], True, *lists, 0.0, [1.0], [1], True, (1.0,))
+    with pytest.raises(AttributeError, match="kv_pred"):
+        fn([(Call(pf_est=(0.0,), l_in=1), 0, 0, 0.0)], True, *lists, 0.0, [1.0], [1], True, None)
