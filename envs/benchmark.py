@@ -142,6 +142,21 @@ class ScalingRow:
     # everything the process holds: here every row's env, so its share is an upper bound of
     # what a process holding one env pays)
     gc_us_per_call: float = 0.0
+    # every timed sample's µs per call, round by round (``us_per_call`` is their minimum); rows
+    # of one table share the rounds, so :func:`paired_ratios` compares samples seconds apart
+    samples: tuple[float, ...] = ()
+
+
+def paired_ratios(num: ScalingRow, den: ScalingRow) -> list[float]:
+    """``num``'s cost per call over ``den``'s, round by round: each round times every row once,
+    so its two samples are seconds apart and a slow stretch of the machine that starts between
+    rounds weighs on both (the ratio of the fastest samples can pair one row's sample from
+    before such a stretch with another's from inside it). Raises ValueError unless both rows
+    come from the same table (the same number of rounds, at least one)."""
+    if not num.samples or len(num.samples) != len(den.samples):
+        raise ValueError(f"paired_ratios needs rows of one bench_scaling table, got "
+                         f"{len(num.samples)} and {len(den.samples)} samples")
+    return [a / b for a, b in zip(num.samples, den.samples, strict=True)]
 
 
 def bench_scaling(policy: str = "hexagent", trace: str = "bfcl_v3", load: float = 1.0,
@@ -149,7 +164,8 @@ def bench_scaling(policy: str = "hexagent", trace: str = "bfcl_v3", load: float 
                   seed: int = 0, repeat: int = 3) -> list[ScalingRow]:
     """Roll out ``policy`` per (cluster, workflows) row through the public API: once on a
     fresh env (standalone horizons included), then ``repeat`` timed samples with the horizons
-    cached, each after a full garbage collection, keeping the fastest sample per row.
+    cached, each after a full garbage collection, keeping the fastest sample per row (and
+    every sample, ``ScalingRow.samples``, for :func:`paired_ratios`).
 
     Every sample spans about the same number of simulated calls: a row whose episode is
     shorter than the longest row's rolls its episode out back to back until it has simulated
@@ -173,6 +189,7 @@ def bench_scaling(policy: str = "hexagent", trace: str = "bfcl_v3", load: float 
     window = max(episode_calls)
     laps = [-(-window // max(calls, 1)) for calls in episode_calls]  # rollouts per sample
     again = [math.inf] * len(rows)
+    samples: list[list[float]] = [[] for _ in rows]  # every sample, round by round
     collecting = [0.0] * len(rows)  # the collector's seconds per rollout in the fastest sample
     clock = _CollectorClock()
     gc.callbacks.append(clock)
@@ -186,6 +203,7 @@ def bench_scaling(policy: str = "hexagent", trace: str = "bfcl_v3", load: float 
                     result = None  # the last lap's result is not kept alive through this one
                     result = env.rollout(policy)
                 sample = (time.perf_counter() - t0) / laps[i]
+                samples[i].append(sample)
                 if sample < again[i]:
                     again[i], collecting[i] = sample, clock.seconds / laps[i]
                 if rep == 0:  # the row's figures (every rollout of a row is the same episode);
@@ -196,14 +214,14 @@ def bench_scaling(policy: str = "hexagent", trace: str = "bfcl_v3", load: float 
     finally:
         gc.callbacks.remove(clock)
     out = []
-    for (cluster, n), env, fact, t_first, t_again, lap, t_gc in zip(
-            rows, envs, facts, first, again, laps, collecting, strict=True):
+    for (cluster, n), env, fact, t_first, t_again, lap, t_gc, timed in zip(
+            rows, envs, facts, first, again, laps, collecting, samples, strict=True):
         calls, per_invocation, req99, decisions = fact
         spec = env.factory.cluster
         out.append(ScalingRow(cluster, f"{len(spec.prefill)}P+{len(spec.decode)}D", n, calls,
                               1e6 * t_first / calls, 1e6 * t_again / calls,
                               1e3 * per_invocation, req99, decisions / calls, lap,
-                              1e6 * t_gc / calls))
+                              1e6 * t_gc / calls, tuple(1e6 * t / calls for t in timed)))
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import statistics
 import sys
 from pathlib import Path
 
@@ -23,6 +24,9 @@ from agents.regression import check, format_table, load_baseline, run_ci_cases, 
 from hexagent_gym.benchmark import bench_core, bench_timeline
 
 BASELINE = Path(__file__).resolve().parent.parent / ".ci" / "baseline.json"
+# the scaling table's row pairs whose ratios the goals name (indices into SCALING_ROWS):
+# 64P+64D over 8P+8D, and 10,000 over 400 workflows
+_PAIRS = ((3, 0), (4, 0))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 for name, r in (("equivariant", ppo.run("equivariant")),
                                 ("MultiInput", ppo.run("mlp")))))
         if not args.no_scaling:
-            from envs.benchmark import bench_cartpole, bench_scaling
+            from envs.benchmark import bench_cartpole, bench_scaling, paired_ratios
             from hexagent_gym import kernels
 
             def yardstick() -> float:  # the machine's speed around the table (best of 3)
@@ -127,6 +131,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"{r.picks_per_call:>10.2f} {r.req99:>6.3f}")
             print(f"  CartPole-v1 steps/s just before and after the table: {before:.0f}, "
                   f"{after:.0f} (this machine's speed then; compare rows within one table)")
+            print("  " + "; ".join(
+                f"{rows[i].instances}/{rows[i].num_workflows} ÷ {rows[j].instances}/"
+                f"{rows[j].num_workflows}: {rows[i].us_per_call / rows[j].us_per_call:.2f}x "
+                f"of the fastest samples, per round "
+                + ", ".join(f"{r:.2f}" for r in paired_ratios(rows[i], rows[j]))
+                + f" (median {statistics.median(paired_ratios(rows[i], rows[j])):.2f}x)"
+                for i, j in _PAIRS if max(i, j) < len(rows)))
 
     if not args.ci:
         return 0

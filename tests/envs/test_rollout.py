@@ -241,6 +241,27 @@ def test_scaling_bench_times_every_row_over_about_as_many_calls():
     assert (short.laps - 1) * short.num_calls < long.num_calls <= short.laps * short.num_calls
 
 
+def test_scaling_bench_keeps_every_round_and_pairs_rows_round_by_round():
+    from dataclasses import replace
+
+    from envs.benchmark import bench_scaling, paired_ratios
+
+    short, long = bench_scaling("hexagent", "mixed", 1.0, repeat=3,
+                                rows=(("tiny-2p2d", 3), ("tiny-2p2d", 12)))
+    assert len(short.samples) == len(long.samples) == 3
+    assert min(short.samples) == short.us_per_call and min(long.samples) == long.us_per_call
+    assert paired_ratios(long, short) == [a / b for a, b in zip(long.samples, short.samples,
+                                                                         strict=True)]
+    # by hand: a slow second round weighs on both rows of it, not on the paired ratio
+    fast = replace(short, samples=(50.0, 80.0, 52.0))
+    slow = replace(long, samples=(60.0, 96.0, 65.0))
+    assert paired_ratios(slow, fast) == [1.2, 1.2, 1.25]
+    with pytest.raises(ValueError, match="rows of one bench_scaling table, got 3 and 2"):
+        paired_ratios(long, replace(short, samples=(1.0, 2.0)))
+    with pytest.raises(ValueError, match="got 0 and 0"):
+        paired_ratios(replace(long, samples=()), replace(short, samples=()))
+
+
 class KeepingPicker(FallbackPicker):
     """A user's policy that keeps the calls it decided (to analyse them afterwards)."""
 
