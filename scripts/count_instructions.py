@@ -15,13 +15,17 @@ Usage:
                                                    # rollout (every standalone horizon in it)
     python scripts/count_instructions.py rollout --cluster hetero-1-x8 --num-workflows 3200
     python scripts/count_instructions.py rollout --misses   # and the cache misses per unit
+    python scripts/count_instructions.py rollout --misses --cache-model host
 
 With ``--misses`` the children also simulate a fixed cache model (L1 instruction and data
 caches of 32 KB and a last-level cache of 1 MB, all 8-way with 64-byte lines: the same
 figures on every machine) and the script adds the L1 data and last-level misses per unit:
 what a larger working set costs beyond its instructions (each last-level miss is a trip to
-memory, some 60–100 ns). Each child takes 20–60 s under valgrind (hetero-1, 400 workflows),
-about twice that with ``--misses``.
+memory, some 60–100 ns). ``--cache-model host`` simulates this machine's own L1 caches and L2
+instead (read from Linux's ``/sys/devices/system/cpu/cpu0/cache``; the L2 as the last level:
+a miss there leaves the core, and an L3 is shared with whatever else the machine runs). Each
+child takes 20–60 s under valgrind (hetero-1, 400 workflows), about twice that with
+``--misses``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ WARM_UP_STEPS = 4000  # random steps before a step count: the env's steady state
 _REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 # the cache model of --misses: (size in bytes, ways, line bytes) of I1, D1 and the last level
 CACHE_MODEL = ("--I1=32768,8,64", "--D1=32768,8,64", "--LL=1048576,8,64")
+CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")  # Linux's description of CPU 0's caches
 # the names printed for the totals of cachegrind's "D1 misses:" and "LL misses:" lines
 _MISSES = {"L1 data misses": "D1", "last-level misses": "LL"}
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,10 +80,59 @@ def misses_from(report: str) -> dict[str, int]:
     return totals
 
 
+def host_cache_model(root: Path = CACHE_DIR) -> tuple[str, str, str]:
+    """This machine's L1 instruction, L1 data and L2 caches as cachegrind's ``--I1``, ``--D1``
+    and ``--LL`` options (size in bytes, ways, line bytes), read from ``root`` (Linux sysfs:
+    one ``index*`` directory per cache with ``level``, ``type``, ``size`` such as ``48K``,
+    ``ways_of_associativity`` and ``coherency_line_size``). Raises ValueError naming what is
+    missing."""
+    found = {}
+    for index in sorted(root.glob("index*")):
+        try:
+            fields = {name: (index / name).read_text().strip() for name in (
+                "level", "type", "size", "ways_of_associativity", "coherency_line_size")}
+        except OSError as exc:
+            raise ValueError(f"cannot read the cache description {index}: {exc}") from None
+        size = fields["size"]
+        scale = {"K": 1024, "M": 1024 ** 2}.get(size[-1:], 1)
+        try:
+            value = (int(size.rstrip("KM")) * scale, int(fields["ways_of_associativity"]),
+                     int(fields["coherency_line_size"]))
+        except ValueError:
+            raise ValueError(f"{index}: unreadable size, ways or line size "
+                             f"({size!r}, {fields['ways_of_associativity']!r}, "
+                             f"{fields['coherency_line_size']!r})") from None
+        found[(fields["level"], fields["type"])] = value
+    need = {"--I1": ("1", "Instruction"), "--D1": ("1", "Data"), "--LL": ("2", "Unified")}
+    missing = [f"level {lv} {kind}" for lv, kind in need.values() if (lv, kind) not in found]
+    if missing:
+        raise ValueError(f"{root} does not describe this machine's {', '.join(missing)} "
+                         "cache(s); use --cache-model fixed")
+    return tuple(f"{opt}={','.join(map(str, found[key]))}" for opt, key in need.items())
+
+
+def describe_cache_model(model: tuple[str, ...]) -> str:
+    """``--D1=49152,12,64`` and ``--LL=…`` as printed: "L1 data 48 KB 12-way, last level …"""
+    sizes = dict(option.split("=") for option in model)
+    parts = []
+    for option, name in (("--D1", "L1 data"), ("--LL", "last level")):
+        size, ways, _ = (int(x) for x in sizes[option].split(","))
+        amount = f"{size // 1024 ** 2} MB" if size % 1024 ** 2 == 0 else f"{size // 1024} KB"
+        parts.append(f"{name} {amount} {ways}-way")
+    return ", ".join(parts)
+
+
+def cache_model(args: argparse.Namespace) -> tuple[str, ...]:
+    """The cachegrind cache options of ``args.cache_model``: the fixed model or the host's."""
+    if getattr(args, "cache_model", "fixed") == "host":
+        return host_cache_model()
+    return CACHE_MODEL
+
+
 def child_command(args: argparse.Namespace, run: int) -> list[str]:
     """The valgrind command of one child: the set-up, then the measured part ``run`` times
-    (with ``args.misses``, under the fixed cache model)."""
-    cache = ["--cache-sim=yes", *CACHE_MODEL] if getattr(args, "misses", False) else [
+    (with ``args.misses``, under the cache model of ``args.cache_model``, default fixed)."""
+    cache = ["--cache-sim=yes", *cache_model(args)] if getattr(args, "misses", False) else [
         "--cache-sim=no"]
     return ["valgrind", "--tool=cachegrind", *cache, "--cachegrind-out-file=/dev/null",
             sys.executable, str(Path(__file__).resolve()), args.what, "--child", str(run),
@@ -173,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--misses", action="store_true",
                         help="also simulate a fixed cache model (L1 32 KB, last level 1 MB) "
                         "and print the L1 data and last-level misses per unit")
+    parser.add_argument("--cache-model", choices=("fixed", "host"), default="fixed",
+                        help="with --misses: the fixed model (the same figures on every "
+                        "machine; default) or this machine's L1 caches and L2 (Linux)")
     parser.add_argument("--child", type=int, choices=(0, 1), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.steps < 1 or args.num_workflows < 1:
@@ -182,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         print("units", measure(args))
         return 0
     try:
+        model = cache_model(args) if args.misses else ()
         per_unit, units = count(args)
     except (ConfigError, ValueError) as exc:  # an unknown cluster, trace or policy, ...
         print(f"error: {exc}", file=sys.stderr)
@@ -190,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{per_unit['instructions']:,.0f} instructions per {UNIT[args.what]} (over "
           f"{units:,} of them; valgrind, one BLAS thread)")
     if args.misses:
-        print("  cache model L1 32 KB, last level 1 MB: " + ", ".join(
+        print(f"  cache model {describe_cache_model(model)}: " + ", ".join(
             f"{per_unit[name]:,.1f} {name}" for name in _MISSES) + f" per {UNIT[args.what]}")
     return 0
 

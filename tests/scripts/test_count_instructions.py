@@ -92,8 +92,8 @@ def test_count_is_the_difference_per_unit(monkeypatch, capsys):
     assert capsys.readouterr().out.splitlines() == [
         "step on hetero-1 / bfcl_v3, 400 workflows: 2,000 instructions per env step (over 300 "
         "of them; valgrind, one BLAS thread)",
-        "  cache model L1 32 KB, last level 1 MB: 10.0 L1 data misses, 2.0 last-level misses "
-        "per env step"]
+        "  cache model L1 data 32 KB 8-way, last level 1 MB 8-way: 10.0 L1 data misses, 2.0 "
+        "last-level misses per env step"]
 
 
 def test_clear_errors(monkeypatch, capsys):
@@ -122,3 +122,43 @@ def test_clear_errors(monkeypatch, capsys):
         ci.main(["step", "--steps", "0"])
     with pytest.raises(SystemExit):
         ci.main(["walk"])
+
+
+def _sysfs(root, caches):
+    """A fake /sys/devices/system/cpu/cpu0/cache: one index directory per (level, type, size,
+    ways, line)."""
+    for i, (level, kind, size, ways, line) in enumerate(caches):
+        index = root / f"index{i}"
+        index.mkdir(parents=True)
+        for name, value in (("level", level), ("type", kind), ("size", size),
+                            ("ways_of_associativity", ways), ("coherency_line_size", line)):
+            (index / name).write_text(f"{value}\n")
+    return root
+
+
+def test_host_cache_model_reads_the_cores_own_caches(tmp_path, monkeypatch):
+    root = _sysfs(tmp_path, [(1, "Data", "48K", 12, 64), (1, "Instruction", "64K", 16, 64),
+                             (2, "Unified", "2048K", 16, 64), (3, "Unified", "480M", 16, 64)])
+    model = ci.host_cache_model(root)
+    assert model == ("--I1=65536,16,64", "--D1=49152,12,64", "--LL=2097152,16,64")  # L2: LL
+    assert ci.describe_cache_model(model) == "L1 data 48 KB 12-way, last level 2 MB 16-way"
+    monkeypatch.setattr(ci, "CACHE_DIR", root)
+    monkeypatch.setattr(ci, "host_cache_model", lambda: model)
+    ns = SimpleNamespace(what="rollout", cluster="hetero-1", trace="bfcl_v3", num_workflows=400,
+                         load=1.0, policy="hexagent", steps=1, seed=0, misses=True)
+    assert ci.child_command(SimpleNamespace(**vars(ns), cache_model="host"), 0)[2:6] == [
+        "--cache-sim=yes", *model]
+    assert ci.child_command(ns, 0)[3:6] == list(ci.CACHE_MODEL)  # default: the fixed model
+
+
+def test_host_cache_model_says_what_it_cannot_read(tmp_path, capsys):
+    no_l2 = _sysfs(tmp_path / "a", [(1, "Data", "32K", 8, 64), (1, "Instruction", "32K", 8, 64)])
+    with pytest.raises(ValueError, match=r"does not describe this machine's level 2 Unified "
+                                         r"cache\(s\); use --cache-model fixed"):
+        ci.host_cache_model(no_l2)
+    garbled = _sysfs(tmp_path / "b", [(1, "Data", "lots", 8, 64)])
+    with pytest.raises(ValueError, match=r"index0: unreadable size, ways or line size "
+                                         r"\('lots', '8', '64'\)"):
+        ci.host_cache_model(garbled)
+    with pytest.raises(ValueError, match="level 1 Data"):
+        ci.host_cache_model(tmp_path / "absent")
