@@ -31,6 +31,7 @@ child takes 20–60 s under valgrind (hetero-1, 400 workflows), about twice that
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import re
@@ -80,6 +81,7 @@ def misses_from(report: str) -> dict[str, int]:
     return totals
 
 
+@functools.cache  # read once: main's line and both children's commands use it
 def host_cache_model(root: Path = CACHE_DIR) -> tuple[str, str, str]:
     """This machine's L1 instruction, L1 data and L2 caches as cachegrind's ``--I1``, ``--D1``
     and ``--LL`` options (size in bytes, ways, line bytes), read from ``root`` (Linux sysfs:
@@ -232,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                         "machine; default) or this machine's L1 caches and L2 (Linux)")
     parser.add_argument("--child", type=int, choices=(0, 1), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.cache_model != "fixed" and not args.misses:
+        parser.error("--cache-model chooses the cache model of --misses; add --misses")
     if args.steps < 1 or args.num_workflows < 1:
         parser.error(f"--steps and --num-workflows must be >= 1, got {args.steps} and "
                      f"{args.num_workflows}")

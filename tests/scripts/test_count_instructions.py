@@ -122,6 +122,9 @@ def test_clear_errors(monkeypatch, capsys):
         ci.main(["step", "--steps", "0"])
     with pytest.raises(SystemExit):
         ci.main(["walk"])
+    with pytest.raises(SystemExit):  # a cache model without --misses would be ignored
+        ci.main(["rollout", "--cache-model", "host"])
+    assert "--cache-model chooses the cache model of --misses" in capsys.readouterr().err
 
 
 def _sysfs(root, caches):
