@@ -15,8 +15,8 @@ load-balanced placement gives four policies:
 
 from __future__ import annotations
 
-from agents.base import LeastLoadedPlacement
-from agents.hexagent import HexAgentPolicy
+from hexagent_gym.agents.base import LeastLoadedPlacement
+from hexagent_gym.agents.hexagent import HexAgentPolicy
 from hexagent_gym.decisions import DecisionPoint
 
 

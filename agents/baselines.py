@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.base import BasePolicy, LeastLoadedPlacement, RankedPolicy
+from hexagent_gym.agents.base import BasePolicy, LeastLoadedPlacement, RankedPolicy
 from hexagent_gym.decisions import DecisionPoint, Stage, earliest_finish_pick
 
 ATLAS_OVERLOAD_TOKENS = 16384

@@ -133,8 +133,8 @@ def _ppo_model(label: str, cluster: str, trace: str, num_workflows: int, load: f
 
         vec = VecMonitor(DummyVecEnv([lambda: gym.make("CartPole-v1")] * n_envs))
         return PPO("MlpPolicy", vec, seed=seed, device="cpu", verbose=0, **ppo_kwargs)
-    from agents.equivariant_policy import make_model
-    from envs.pd_cluster_env import make_env_fn
+    from hexagent_gym.agents.equivariant_policy import make_model
+    from hexagent_gym.envs.pd_cluster_env import make_env_fn
 
     fns = [make_env_fn(cluster=cluster, trace=trace, num_workflows=num_workflows, load=load,
                        seed=seed, rank=i) for i in range(n_envs)]
@@ -151,14 +151,15 @@ def bench_ppo(cluster: str = "hetero-1", trace: str = "bfcl_v3", num_workflows: 
               labels: tuple[str, ...] = PPO_LABELS) -> PPOBench:
     """Time MaskablePPO ``learn()`` on PDClusterEnv and SB3 PPO on CartPole-v1.
 
-    For each of ``labels`` ("equivariant": :class:`~agents.equivariant_policy.EquivariantPolicy`,
-    "mlp": sb3-contrib's ``MultiInputPolicy``, "cartpole": PPO ``MlpPolicy`` on CartPole-v1)
-    one model on ``n_envs`` envs in a ``VecMonitor(DummyVecEnv)`` (as ``scripts/train.py``
-    builds them; the defaults are its episodes, envs, n_steps, batch size and epochs; the other
-    PPO hyperparameters are SB3's and do not change the cost) learns one warm-up rollout and
-    update, then ``timesteps`` steps are timed, ``repeat`` times; the fastest counts. The
-    timed wall time is split into rollout collection and the PPO update. Torch runs on one
-    thread (the training default); the previous thread count is restored afterwards.
+    For each of ``labels`` ("equivariant":
+    :class:`~hexagent_gym.agents.equivariant_policy.EquivariantPolicy`, "mlp": sb3-contrib's
+    ``MultiInputPolicy``, "cartpole": PPO ``MlpPolicy`` on CartPole-v1) one model on ``n_envs``
+    envs in a ``VecMonitor(DummyVecEnv)`` (as ``scripts/train.py`` builds them; the defaults are
+    its episodes, envs, n_steps, batch size and epochs; the other PPO hyperparameters are SB3's and
+    do not change the cost) learns one warm-up rollout and update, then ``timesteps`` steps are
+    timed, ``repeat`` times; the fastest counts. The timed wall time is split into rollout
+    collection and the PPO update. Torch runs on one thread (the training default); the previous
+    thread count is restored afterwards.
     """
     ppo_kwargs = dict(n_steps=n_steps, batch_size=batch_size, n_epochs=n_epochs)
     threads = th.get_num_threads()

@@ -26,7 +26,7 @@ Here a worker is a prefill instance and a request a call. Defaults are sgl-route
   (Ŝ's ``pf_tokens``, this decision's picks included), which mirrors the router's tree growing at
   routing time; ``on_miss="least-loaded"`` replaces rule 3 by the least-loaded instance;
 - ties (several instances at the lowest load, best match or smallest tree) go to the
-  least-loaded of them, then rotate as in :class:`~agents.base.LeastLoadedPlacement`;
+  least-loaded of them, then rotate as in :class:`~hexagent_gym.agents.base.LeastLoadedPlacement`;
 - decode: the least-loaded instance (fewest committed calls) that can hold the call's KV.
 
 Instance speed is never consulted: the router is heterogeneity-unaware.
@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agents.base import LeastLoadedPlacement, RankedPolicy
+from hexagent_gym.agents.base import LeastLoadedPlacement, RankedPolicy
 from hexagent_gym.decisions import DecisionPoint, Stage
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ import torch as th
 from torch import nn
 from torch.nn import functional as F
 
-from envs.encoding import CALL_FEATURES, DECODE_FEATURES, PREFILL_FEATURES
+from hexagent_gym.envs.encoding import CALL_FEATURES, DECODE_FEATURES, PREFILL_FEATURES
 
 _C = {name: i for i, name in enumerate(CALL_FEATURES)}
 _PRESENT, _PICKED, _AGE, _WAIT, _H_EST = (_C[n] for n in ("present", "picked", "age", "wait",

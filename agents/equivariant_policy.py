@@ -1,5 +1,5 @@
 """The SB3 side of the equivariant scheduler: a MaskablePPO policy class around
-:class:`~agents.equivariant_net.EquivariantNet`, and the architecture names
+:class:`~hexagent_gym.agents.equivariant_net.EquivariantNet`, and the architecture names
 ``scripts/train.py`` builds models from.
 
 :class:`EquivariantPolicy` replaces SB3's flatten-and-MLP with the shared-weight network (its
@@ -8,8 +8,9 @@ P and D (:meth:`EquivariantPolicy.obs_to_tensor`), and leaves invalid triples to
 masking. The plain ``MultiInputPolicy`` of sb3-contrib is the baseline (:data:`POLICY_CLASSES`).
 
 Saved models record the policy class by reference: models saved before this module existed
-name ``agents.learned.EquivariantPolicy`` (still importable there), newer ones name
-``agents.equivariant_policy.EquivariantPolicy``.
+name ``agents.learned.EquivariantPolicy``, later ones
+``agents.equivariant_policy.EquivariantPolicy`` (``saved_models.load_saved_model`` reads both under
+``hexagent_gym.agents``), current ones ``hexagent_gym.agents.equivariant_policy.EquivariantPolicy``.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from sb3_contrib.common.maskable.policies import MaskableActorCriticPolicy
 from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
 from stable_baselines3.common.type_aliases import Schedule
 
-from agents.equivariant_net import STATIC_INSTANCE_FEATURES, EquivariantNet
-from envs.encoding import DECODE_FEATURES, PREFILL_FEATURES
+from hexagent_gym.agents.equivariant_net import STATIC_INSTANCE_FEATURES, EquivariantNet
+from hexagent_gym.envs.encoding import DECODE_FEATURES, PREFILL_FEATURES
 
 
 def _masked_log_probs(logits: th.Tensor, action_masks: Any) -> tuple[th.Tensor, th.Tensor]:
@@ -61,8 +62,9 @@ class EquivariantPolicy(MaskableActorCriticPolicy):
 
     Use ``MaskablePPO(EquivariantPolicy, env, policy_kwargs=dict(hidden=64))``; it saves and
     loads like any SB3 policy (``MaskablePPO.load(path)``; the class is importable from here
-    and from ``agents.learned``). ``net_arch`` and ``activation_fn`` are accepted for SB3
-    compatibility and ignored.
+    and from ``hexagent_gym.agents.learned``; models saved under the package's older names load
+    through ``saved_models.load_saved_model``). ``net_arch`` and ``activation_fn`` are accepted for
+    SB3 compatibility and ignored.
 
     Args:
         observation_space: the env's Dict space (``calls``, ``delta``, ``prefill``, ``decode``,

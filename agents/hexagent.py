@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.base import BasePolicy
+from hexagent_gym.agents.base import BasePolicy
 from hexagent_gym.decisions import DecisionPoint, Stage
 
 

@@ -1,7 +1,7 @@
 """Behaviour cloning from HexAgent: a warm start for PPO.
 
-:func:`collect_demonstrations` steps a :class:`~envs.pd_cluster_env.PDClusterEnv` and, at every
-step, asks the teacher (``HexAgentPolicy.pick(env.decision_point)``, encoded with
+:func:`collect_demonstrations` steps a :class:`~hexagent_gym.envs.pd_cluster_env.PDClusterEnv` and,
+at every step, asks the teacher (``HexAgentPolicy.pick(env.decision_point)``, encoded with
 ``env.encode_action``) what it would do; it records (observation, mask, teacher action) and the
 discounted return-to-go of the env's reward. With ``learner`` and ``beta < 1`` the executed action
 is the learner's with probability 1 − β (DAgger-style: states the learner reaches, labelled by
@@ -24,7 +24,7 @@ import numpy as np
 import torch as th
 from torch import nn
 
-from agents.hexagent import HexAgentPolicy
+from hexagent_gym.agents.hexagent import HexAgentPolicy
 
 
 @dataclass
@@ -177,7 +177,7 @@ def _batch(policy: Any, demos: Demonstrations, idx: np.ndarray) -> dict[str, Any
 def _log_probs_and_values(policy: Any, obs: dict[str, th.Tensor], masks: th.Tensor,
                           with_values: bool) -> tuple[th.Tensor, th.Tensor | None]:
     """Masked log-probabilities (B, A) and values (B,) of any MaskableActorCriticPolicy."""
-    from agents.learned import EquivariantPolicy
+    from hexagent_gym.agents.learned import EquivariantPolicy
 
     if isinstance(policy, EquivariantPolicy):  # one forward for both heads
         emb = policy.net.embed(policy._net_obs(obs))

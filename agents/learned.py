@@ -4,10 +4,10 @@ by default the shipped model (:data:`DEFAULT_MODEL`).
 :class:`LearnedPolicy` wraps a trained model (or loads a ``.zip``) with both ``pick(dp)`` (bare
 simulator, what ``env.rollout`` uses for policy objects and what the evaluation grid runs) and
 ``predict(obs, action_masks=...)``. The built-in policy name ``learned`` (registered by
-``agents.registration``) resolves to ``LearnedPolicy()``.
+``hexagent_gym.agents.registration``) resolves to ``LearnedPolicy()``.
 
-The model's parts live in their own modules and are re-exported here, so ``agents.learned``
-stays the one import path of the learned-scheduler API:
+The model's parts live in their own modules and are re-exported here, so
+``hexagent_gym.agents.learned`` stays the one import path of the learned-scheduler API:
 
 - ``agents/equivariant_net.py``: :class:`EquivariantNet` (the permutation-equivariant torch
   network and its feature maps), :data:`STATIC_INSTANCE_FEATURES` and the feature-count
@@ -15,8 +15,9 @@ stays the one import path of the learned-scheduler API:
 - ``agents/equivariant_policy.py``: :class:`EquivariantPolicy` (the MaskablePPO policy class),
   :class:`DictPassThrough`, :data:`POLICY_CLASSES` and :func:`make_model`.
 
-Models saved before the split record their policy class as ``agents.learned.EquivariantPolicy``;
-the re-export keeps them loading without ``custom_objects``.
+Models saved before the split record their policy class as ``agents.learned.EquivariantPolicy``
+(the package's name before it installed under ``hexagent_gym``); the re-export and
+``saved_models.load_saved_model``'s renaming keep them loading.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch as th
 
-from agents import equivariant_net as _net
-from agents.equivariant_net import (
+from hexagent_gym.agents import equivariant_net as _net
+from hexagent_gym.agents.equivariant_net import (
     N_DELTA,
     N_REL,
     PHI_IS_BEST,
@@ -36,14 +37,14 @@ from agents.equivariant_net import (
     STATIC_INSTANCE_FEATURES,
     EquivariantNet,
 )
-from agents.equivariant_policy import (
+from hexagent_gym.agents.equivariant_policy import (
     POLICY_CLASSES,
     DictPassThrough,
     EquivariantPolicy,
     make_model,
 )
-from agents.saved_models import load_saved_model
-from envs.encoding import Encoder
+from hexagent_gym.agents.saved_models import load_saved_model
+from hexagent_gym.envs.encoding import Encoder
 
 if TYPE_CHECKING:
     from hexagent_gym.decisions import DecisionPoint
@@ -68,7 +69,7 @@ class LearnedPolicy:
     """A trained MaskablePPO model as a scheduler for ``env.rollout`` and the policy registry.
 
     ``pick(dp)`` encodes the decision point exactly as the env does (an
-    :class:`~envs.encoding.Encoder` over the episode's simulator) and takes the model's
+    :class:`~hexagent_gym.envs.encoding.Encoder` over the episode's simulator) and takes the model's
     deterministic choice among the valid actions, so ``env.rollout(LearnedPolicy(...))`` runs
     on the bare simulator and gives the same picks as ``env.rollout(model)`` through the env.
     ``predict`` forwards to the model (with masks), for code that steps an env.

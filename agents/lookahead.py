@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.base import earliest_pair
-from agents.hexagent import HexAgentPolicy, projected_risk
+from hexagent_gym.agents.base import earliest_pair
+from hexagent_gym.agents.hexagent import HexAgentPolicy, projected_risk
 from hexagent_gym.decisions import DecisionPoint, Stage
 
 

@@ -9,22 +9,24 @@ from __future__ import annotations
 
 from hexagent_gym.policy import register_model_loader, register_policy
 
+A = "hexagent_gym.agents."  # the installed name of this package
+
 BUILTIN_POLICIES = {
-    "hexagent": "agents.hexagent:HexAgentPolicy",
-    "hexagent-lookahead": "agents.lookahead:HexAgentLookahead",  # one-step lookahead teacher
-    "hexagent-search": "agents.search:HexAgentSearch",  # rollout search, scheduler's knowledge
-    "hexagent-search-oracle": "agents.search:HexAgentSearchOracle",  # ... true future: a bound
-    "hexagent-search-revealed": "agents.search:HexAgentSearchRevealed",  # ... revealed calls only
-    "hexagent-nocache": "agents.hexagent:HexAgentNoCache",  # plans with no-cache prefill times
-    "hexagent-lb": "agents.ablation:HexAgentLoadBalanced",  # risk order, load-balanced placement
-    "fcfs": "agents.baselines:CallFCFS",
-    "wf-fcfs": "agents.baselines:WorkflowFCFS",
-    "llf": "agents.baselines:LeastLaxityFirst",
-    "atlas": "agents.baselines:Atlas",
-    "sglang-router": "agents.cache_aware:SGLangRouter",  # sgl-router cache_aware load balancer
-    "random": "agents.baselines:RandomPolicy",
-    "fallback": "agents.baselines:FallbackPolicy",
-    "learned": "agents.learned:LearnedPolicy",  # the shipped model (models/), docs/learned.md
+    "hexagent": A + "hexagent:HexAgentPolicy",
+    "hexagent-lookahead": A + "lookahead:HexAgentLookahead",  # one-step lookahead teacher
+    "hexagent-search": A + "search:HexAgentSearch",  # rollout search, scheduler's knowledge
+    "hexagent-search-oracle": A + "search:HexAgentSearchOracle",  # ... true future: a bound
+    "hexagent-search-revealed": A + "search:HexAgentSearchRevealed",  # ... revealed calls only
+    "hexagent-nocache": A + "hexagent:HexAgentNoCache",  # plans with no-cache prefill times
+    "hexagent-lb": A + "ablation:HexAgentLoadBalanced",  # risk order, load-balanced placement
+    "fcfs": A + "baselines:CallFCFS",
+    "wf-fcfs": A + "baselines:WorkflowFCFS",
+    "llf": A + "baselines:LeastLaxityFirst",
+    "atlas": A + "baselines:Atlas",
+    "sglang-router": A + "cache_aware:SGLangRouter",  # sgl-router cache_aware load balancer
+    "random": A + "baselines:RandomPolicy",
+    "fallback": A + "baselines:FallbackPolicy",
+    "learned": A + "learned:LearnedPolicy",  # the shipped model (models/), docs/learned.md
 }
 
 
@@ -32,4 +34,4 @@ def register() -> None:
     """Register every built-in policy and the ``.zip`` (sb3-contrib MaskablePPO) loader."""
     for name, entry in BUILTIN_POLICIES.items():
         register_policy(name, entry)
-    register_model_loader(".zip", "agents.saved_models:load_saved_model")
+    register_model_loader(".zip", A + "saved_models:load_saved_model")

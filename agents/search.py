@@ -39,7 +39,7 @@ from itertools import islice, zip_longest
 
 import numpy as np
 
-from agents.hexagent import HexAgentPolicy, projected_risk
+from hexagent_gym.agents.hexagent import HexAgentPolicy, projected_risk
 from hexagent_gym.decisions import DecisionPoint, Stage
 from hexagent_gym.fork import fork, known_only, pending_decision, revealed_only, shared_objects
 from hexagent_gym.metrics import req, slo_ratio
@@ -56,7 +56,7 @@ class HexAgentSearch(HexAgentPolicy):
         oracle: roll out the true future (upper bound) instead of the scheduler's knowledge.
         horizon: ``"arrived"`` or ``"episode"`` (the latter only with ``oracle=True``: without
             future arrivals the episode ends with the arrived workflows).
-        one_pass_threshold: as for :class:`~agents.hexagent.HexAgentPolicy`.
+        one_pass_threshold: as for :class:`~hexagent_gym.agents.hexagent.HexAgentPolicy`.
         knowledge: what an implementable fork holds of the arrived workflows: ``"template"``
             (their remaining calls, unfolded as they truly are) or ``"revealed"`` (the calls
             revealed so far only). Ignored by the oracle, which holds the true future.

@@ -107,7 +107,7 @@ def _build(env_fn: Callable[[], gym.Env], kwargs: dict[str, Any]) -> gym.Env:
 
 
 def relative_env_fn(env_fn: Callable[[], gym.Env], **kwargs: Any) -> Callable[[], gym.Env]:
-    """A picklable thunk wrapping ``env_fn()`` (e.g. ``envs.make_env_fn(...)``) in
+    """A picklable thunk wrapping ``env_fn()`` (e.g. ``hexagent_gym.envs.make_env_fn(...)``) in
     :class:`ReferenceRelativeReward` (for DummyVecEnv / SubprocVecEnv)."""
     import functools
 

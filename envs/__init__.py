@@ -1,28 +1,28 @@
 """Gymnasium environments over the hexagent_gym simulator core.
 
-Importing this package registers ``hexagent_gym/PDCluster-v0`` with gymnasium (Gymnasium's own
-mechanism: import the package that registers the id, or use ``"envs:hexagent_gym/PDCluster-v0"``);
-the env module itself loads on first attribute access, e.g. ``envs.PDClusterEnv``.
+Installed as ``hexagent_gym.envs`` (the checkout's ``envs/`` folder). Importing it registers
+``hexagent_gym/PDCluster-v0`` with gymnasium; so does ``import hexagent_gym`` (``gym_hook``). The
+env module itself loads on first attribute access, e.g. ``hexagent_gym.envs.PDClusterEnv``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from envs.registration import register_envs
 from hexagent_gym import ENV_ID
+from hexagent_gym.envs.registration import register_envs
 
 _LAZY = {
-    "PDClusterEnv": "envs.pd_cluster_env",
-    "make_env_fn": "envs.pd_cluster_env",
-    "RolloutResult": "envs.rollout",
+    "PDClusterEnv": "hexagent_gym.envs.pd_cluster_env",
+    "make_env_fn": "hexagent_gym.envs.pd_cluster_env",
+    "RolloutResult": "hexagent_gym.envs.rollout",
 }
 
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        raise AttributeError(f"module 'envs' has no attribute '{name}'")
+        raise AttributeError(f"module 'hexagent_gym.envs' has no attribute '{name}'")
     import importlib
 
     return getattr(importlib.import_module(module), name)

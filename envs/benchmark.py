@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from envs.pd_cluster_env import PDClusterEnv
+from hexagent_gym.envs.pd_cluster_env import PDClusterEnv
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,11 @@ and true horizons never reach an observation.
 
 Shapes are fixed by ``K`` (call slots), ``P_max`` and ``D_max`` (instance slots); rows beyond the
 live window or the cluster are padding (``present = 0``, Δ = :data:`DELTA_MASKED`). The feature
-lists below are the spec; :class:`~envs.pd_cluster_env.PDClusterEnv` documents units and ranges.
-The ``cached`` key (K, P_max) is the fraction of each call's prompt found in each prefill
-instance's prefix cache at the decision (0 at the decode stage, with the cache off and for
-padding); a policy trained without it ignores it (``agents.learned`` reads keys by name).
+lists below are the spec; :class:`~hexagent_gym.envs.pd_cluster_env.PDClusterEnv` documents units
+and ranges. The ``cached`` key (K, P_max) is the fraction of each call's prompt found in each
+prefill instance's prefix cache at the decision (0 at the decode stage, with the cache off and for
+padding); a policy trained without it ignores it (``hexagent_gym.agents.learned`` reads keys by
+name).
 
 Cost notes: per-decision-point features (call lengths, ages, live instance state) are computed once
 when a decision point opens; each step only refreshes what a pick changes (Δ, picked flags, Ŝ's
@@ -206,7 +207,8 @@ class Encoder:
         """Compute the features that stay fixed while the decision point is being picked.
 
         Returns (prefill instances running a prefill, calls in decode batches), read from the
-        instances on the way: the step's info takes them (``envs.render.step_info``)."""
+        instances on the way: the step's info takes them
+        (``hexagent_gym.envs.render.step_info``)."""
         self._dp = dp
         now = dp.now
         n = len(dp.calls)

@@ -31,12 +31,12 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.utils import seeding
 
-from envs.encoding import MaskedDiscrete
-from envs.pd_cluster_env import PDClusterEnv
-from envs.rollout import RolloutResult
 from hexagent_gym.cluster import load_cluster
 from hexagent_gym.cluster_sampling import ClusterDistribution, sample_clusters
 from hexagent_gym.config import ConfigError, load_named
+from hexagent_gym.envs.encoding import MaskedDiscrete
+from hexagent_gym.envs.pd_cluster_env import PDClusterEnv
+from hexagent_gym.envs.rollout import RolloutResult
 from hexagent_gym.episode import EPISODE_KEYS
 from hexagent_gym.hardware import check_keys
 from hexagent_gym.specs import TraceError
@@ -209,7 +209,8 @@ def _build_mixture(mixture: Any, rank: int, overrides: dict[str, Any]) -> Mixtur
 def make_mixture_fn(mixture: str | Path | Mapping[str, Any], *, rank: int = 0,
                     **overrides: Any) -> Callable[[], MixtureEnv]:
     """A picklable thunk building a :class:`MixtureEnv` (for vector envs); ``rank`` offsets the
-    seed of the first unseeded reset, as :func:`envs.pd_cluster_env.make_env_fn` does."""
+    seed of the first unseeded reset, as :func:`hexagent_gym.envs.pd_cluster_env.make_env_fn`
+    does."""
     return functools.partial(_build_mixture, mixture, rank, dict(overrides))
 
 

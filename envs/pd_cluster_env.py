@@ -15,7 +15,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.utils import seeding
 
-from envs.encoding import (
+from hexagent_gym.config import ConfigError, suggest
+from hexagent_gym.envs.encoding import (
     CALL_FEATURES,
     DECODE_FEATURES,
     GLOBAL_FEATURES,
@@ -23,10 +24,9 @@ from envs.encoding import (
     Encoder,
     MaskedDiscrete,
 )
-from envs.render import render_ansi, step_info
-from envs.rewards import Reward, make_reward
-from envs.rollout import RolloutResult, rollout
-from hexagent_gym.config import ConfigError, suggest
+from hexagent_gym.envs.render import render_ansi, step_info
+from hexagent_gym.envs.rewards import Reward, make_reward
+from hexagent_gym.envs.rollout import RolloutResult, rollout
 from hexagent_gym.episode import EPISODE_KEYS, EXPERIMENT_META_KEYS, EpisodeFactory, load_config
 from hexagent_gym.metrics import attainment, req, slo_ratio
 
@@ -43,8 +43,8 @@ class EnvOptions:
     """Env settings on top of :class:`~hexagent_gym.episode.EpisodeConfig` (same config mapping).
 
     Attributes:
-        reward: registered reward name (``envs.rewards``: tail, attainment, mean_ratio) or an
-            object implementing :class:`~envs.rewards.Reward`.
+        reward: registered reward name (``hexagent_gym.envs.rewards``: tail, attainment,
+            mean_ratio) or an object implementing :class:`~hexagent_gym.envs.rewards.Reward`.
         reward_kwargs: extra keyword arguments of the reward, e.g. ``{"terminal_weight": 2.0}``.
         target_alpha: target SLO scale α of the rewards and of the ``attainment`` episode stat.
         p_max: prefill instance slots of the action and observation (None: the cluster's count).
@@ -176,14 +176,15 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
       rest. 0 at the decode stage, with the prefix cache off, and for empty slots and padded
       instances. Fixed while the decision point is being picked.
 
-    Feature names in order: ``envs.encoding.CALL_FEATURES``, ``PREFILL_FEATURES``,
+    Feature names in order: ``hexagent_gym.envs.encoding.CALL_FEATURES``, ``PREFILL_FEATURES``,
     ``DECODE_FEATURES``, ``GLOBAL_FEATURES``.
 
     ## Rewards
 
-    Pluggable by name (``reward``, see ``envs.rewards``). Workflows only complete while the
-    simulator advances, i.e. on the step that makes the last pick of a decision point; other steps
-    earn 0. With ratio ``r = C_w / H_w`` (C_w = completion − arrival, H_w = true standalone time):
+    Pluggable by name (``reward``, see ``hexagent_gym.envs.rewards``). Workflows only complete
+    while the simulator advances, i.e. on the step that makes the last pick of a decision point;
+    other steps earn 0. With ratio ``r = C_w / H_w`` (C_w = completion − arrival, H_w = true
+    standalone time):
 
     - ``tail`` (default): ``−max(0, r − α)`` per completed workflow, plus
       ``−terminal_weight · (Req99 − 1)`` when the episode drains (``terminal_weight`` = 1).
@@ -206,9 +207,9 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
     the final step carries episode statistics: ``req95``, ``req99``, ``attainment`` (at α),
     ``mean_ratio``, ``num_workflows``, ``num_finished``, ``sim_seconds`` (on truncation over the
     workflows finished so far), ``episode_return`` and ``episode_seed``. Every step's and reset's
-    info carries the scalars of ``envs.render.STEP_INFO_KEYS``: ``sim_time``, ``waiting_prefill``,
-    ``waiting_decode``, ``running_prefill``, ``running_decode``, ``workflows_arrived`` and
-    ``workflows_finished``; ``reset`` adds ``episode_seed``.
+    info carries the scalars of ``hexagent_gym.envs.render.STEP_INFO_KEYS``: ``sim_time``,
+    ``waiting_prefill``, ``waiting_decode``, ``running_prefill``, ``running_decode``,
+    ``workflows_arrived`` and ``workflows_finished``; ``reset`` adds ``episode_seed``.
 
     ## Rendering
 

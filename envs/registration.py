@@ -1,6 +1,6 @@
 """Registration of the env: with gymnasium (``gymnasium.make("hexagent_gym/PDCluster-v0")``
-after ``import envs``, or ``gymnasium.make("envs:hexagent_gym/PDCluster-v0")``, Gymnasium's
-module syntax) and with the core, as the factory behind ``hexagent_gym.make`` (the
+after ``import hexagent_gym``, through the plug-in below and ``hexagent_gym.gym_hook``) and with
+the core, as the factory behind ``hexagent_gym.make`` (the
 ``hexagent_gym.plugins`` entry point declared in ``pyproject.toml``).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from hexagent_gym import ENV_ID
 from hexagent_gym.policy import register_env
 
-ENTRY_POINT = "envs.pd_cluster_env:PDClusterEnv"
+ENTRY_POINT = "hexagent_gym.envs.pd_cluster_env:PDClusterEnv"
 
 
 def register_envs() -> None:

@@ -1,4 +1,4 @@
-"""Pluggable rewards of :class:`~envs.pd_cluster_env.PDClusterEnv`, looked up by name.
+"""Pluggable rewards of :class:`~hexagent_gym.envs.pd_cluster_env.PDClusterEnv`, looked up by name.
 
 A reward sees only outcomes: the ratio ``r = C_w / H_w`` of every workflow that completes during a
 step (completion minus arrival, over the true standalone horizon), and at the end of a drained

@@ -1,21 +1,28 @@
 """HexAgent-Gym: simulate and schedule agentic LLM workflows on heterogeneous P-D clusters.
 
+``import hexagent_gym`` registers the gymnasium id ``hexagent_gym/PDCluster-v0`` (at once if
+gymnasium is already imported, else right after its import: ``hexagent_gym.gym_hook``), so
+``gym.make("hexagent_gym/PDCluster-v0")`` works after it.
+
 The simulator core in this package imports no gymnasium, torch or stable-baselines3, and never
-names the layers above it. The env lives in the ``envs`` package, which registers the gymnasium id
-``hexagent_gym/PDCluster-v0`` when imported and plugs the factory behind :func:`make` into the core
-(``hexagent_gym.policy``: entry points); the built-in policies plug in from ``agents``.
+names the layers above it. The env lives in the sub-package ``hexagent_gym.envs`` (the checkout's
+``envs/`` folder), which plugs the factory behind :func:`make` and the gymnasium id into the core
+through entry points (``hexagent_gym.policy``); the built-in policies plug in from
+``hexagent_gym.agents``.
 """
 
+import warnings
 from typing import Any
 
 from hexagent_gym.arrivals import EpisodeWorkload, sample_episode
 from hexagent_gym.cluster import ClusterSpec, load_cluster
 from hexagent_gym.config import ConfigError
 from hexagent_gym.decisions import DecisionPoint, Stage
+from hexagent_gym.gym_hook import when_gymnasium_imported
 from hexagent_gym.horizon import HorizonCache
 from hexagent_gym.latency import LatencyModel
 from hexagent_gym.metrics import EpisodeResult, attainment, req
-from hexagent_gym.policy import make_env
+from hexagent_gym.policy import load_plugins, make_env
 from hexagent_gym.simulator import Simulator
 from hexagent_gym.workload import Trace, TraceError, load_trace
 
@@ -29,12 +36,25 @@ def make(config: Any = None, **overrides: Any) -> Any:
     Args:
         config: experiment YAML path, shipped experiment name, mapping, or None (defaults).
         **overrides: config keys that take precedence, e.g. ``cluster="tiny-2p2d"``,
-            ``num_workflows=8``, ``reward="attainment"``; see ``envs.pd_cluster_env``.
+            ``num_workflows=8``, ``reward="attainment"``; see ``hexagent_gym.envs.pd_cluster_env``.
     """
     return make_env(ENV_ID, config, **overrides)
+
+
+def _register_gym_ids() -> None:
+    """Run the plug-ins (the env's registers its gymnasium ids). Called during ``import
+    gymnasium`` at the latest, so a broken install warns instead of breaking that import."""
+    try:
+        load_plugins()
+    except RuntimeError as exc:
+        warnings.warn(f"hexagent_gym could not register {ENV_ID} with gymnasium: {exc}",
+                      RuntimeWarning, stacklevel=2)
+
 
 __all__ = [
     "ClusterSpec", "ConfigError", "DecisionPoint", "EpisodeResult", "EpisodeWorkload",
     "HorizonCache", "LatencyModel", "Simulator", "Stage", "Trace", "TraceError", "attainment",
     "load_cluster", "load_trace", "make", "req", "sample_episode",
 ]
+
+when_gymnasium_imported(_register_gym_ids)

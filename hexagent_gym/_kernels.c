@@ -769,7 +769,7 @@ static PyObject *obs_keys[6]; /* "calls", "delta", "prefill", "decode", "globals
 /* observe_step(delta, picked, age, h_est, free, tokens, count, capacity, max_batch, calls_t,
  *              pre_t, dec_t, glob_t, cached_t, grid_t, inv, clip, now, picks, cols)
  *     -> (obs, mask)
- * envs.encoding.Encoder.observe, compiled: the observation dict of a decision point under the
+ * hexagent_gym.envs.encoding.Encoder.observe, compiled: the observation dict of a decision point under the
  * current Ŝ and its flat joint mask, as fresh arrays.
  * - delta: the window's Δ, float64 (n, P, D) seconds (inf: invalid). "delta" is a copy of
  *   grid_t, the blank float32 (K, P_max, D_max) grid (every entry the masked value), with
@@ -999,7 +999,7 @@ static double attr_len(PyObject *obj, int name) {
 /* begin_rows(calls, decode_stage, now, inv, clip, log_tokens, table, cached, clear, prefill,
  *            pre, decode, dec, max_batch, cols, glob, glob_values)
  *     -> (age, h_est, running, batched)
- * envs.encoding._begin_rows_python, compiled: the features fixed within a decision point,
+ * hexagent_gym.envs.encoding._begin_rows_python, compiled: the features fixed within a decision point,
  * written in place into the float32 arrays table (K, 14), cached (K, P_max), pre, dec and glob.
  * First table's rows [n, clear) and cached's rows [0, clear) become 0 (the previous window's).
  * For each call i (a Call of the core): table[i] = min(row, clip) of (1, 0, a * inv,
@@ -1326,7 +1326,7 @@ static int plan_slot(Plan *W, Py_ssize_t i, Py_ssize_t *op, Py_ssize_t *od, doub
 /* risk_plan(now, free, pf_members, pf_class, dec_kind, count, ctx, tokens, dec_static,
  *           batch_top, capacity, pfs, xcols, xfer, weights, own_ctxs, kvs, kv_trues,
  *           ctx_shares, arrival, h_est, slack, any_full, picked) -> [(slot, p, d, delta), ...]
- * The compiled twin of agents.hexagent's ranking of a prefill window under Ŝ, pick after pick:
+ * The compiled twin of hexagent_gym.agents.hexagent's ranking of a prefill window under Ŝ, pick after pick:
  * the riskiest unpicked slot ((now - arrival) + its best Δ) / h_est (the first of equal risks;
  * with one slot left, that slot) at its best pair (Projections.best_prefill_pair_one_python),
  * then PlanState.commit's update of Ŝ (the prefill free time, the decode lists, the limits, the
@@ -2239,7 +2239,7 @@ static PyMethodDef methods[] = {
      "pre, decode, dec, max_batch, cols, glob, glob_values) -> (age, h_est, running, batched): "
      "the env's per-decision features."},
     {"risk_plan", (PyCFunction)(void (*)(void))risk_plan, METH_FASTCALL,
-     "risk_plan(...) -> [(slot, p, d, delta)]: agents.hexagent's ranking of a prefill window, "
+     "risk_plan(...) -> [(slot, p, d, delta)]: hexagent_gym.agents.hexagent's ranking of a prefill window, "
      "compiled (see the source)."},
     {"match_levels", (PyCFunction)(void (*)(void))match_levels, METH_FASTCALL,
      "match_levels(holders, blocks) -> [(k, mask)] or None: prefix_cache.match_levels."},

@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 
 def configs_dir() -> Path:
     """The directory holding the shipped YAML configs (installed as the ``configs`` package)."""
-    return Path(str(resources.files("configs")))
+    return Path(str(resources.files("hexagent_gym.configs")))
 
 
 def known_names(kind: str) -> list[str]:

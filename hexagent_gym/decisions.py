@@ -280,11 +280,12 @@ class DecisionPoint:
         return pair
 
     def risk_plan(self) -> list[tuple[int, int, int, float]]:
-        """The compiled twin of ``agents.hexagent``'s ranking from the current Ŝ on: the picks
-        ``(slot, p, d, Δ)`` that projected-risk greedy with best-pair placement makes, pick after
-        pick, each committed to a copy of Ŝ, as far as the twin computes them exactly (it stops
-        where a decode limit binds, a slot has no valid pair, or a risk is undefined; possibly
-        at once). Prefill stage with the kernels built only, else ``[]``. Nothing is picked:
+        """The compiled twin of ``hexagent_gym.agents.hexagent``'s ranking from the current Ŝ on:
+        the picks ``(slot, p, d, Δ)`` that projected-risk greedy with best-pair placement makes,
+        pick after pick, each committed to a copy of Ŝ, as far as the twin computes them exactly
+        (it stops where a decode limit binds, a slot has no valid pair, or a risk is undefined;
+        possibly at once). Prefill stage with the kernels built only, else ``[]``. Nothing is
+        picked:
         the caller still calls :meth:`pick`, which then finds each Δ without projecting."""
         if self.stage != _STAGE_PREFILL or kernels.risk_plan is None or not self._remaining:
             return []
@@ -314,7 +315,7 @@ class DecisionPoint:
         The same picks, Δs and Ŝ as calling :meth:`pick` with each :meth:`planned_pick` in
         turn, without the per-pick checks (the plan is valid by construction, see
         :meth:`pick`): a policy that follows its computed ranking answers a decision in one
-        call (``agents.hexagent``'s ``decide``)."""
+        call (``hexagent_gym.agents.hexagent``'s ``decide``)."""
         ahead = self._ahead
         k = len(self.plan) - self._ahead_from
         if k >= len(ahead):

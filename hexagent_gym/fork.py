@@ -96,8 +96,8 @@ def pending_decision(sim: Engine) -> DecisionPoint | None:
 def known_only(sim: Engine) -> None:
     """Cut a fork down to what its scheduler knows (in place): no workflow arrives after now, and
     every call not decoding yet has its predicted output length as its true one (KV demand
-    adjusted). For implementable search policies (``agents.search``); never apply it to the
-    episode being scored.
+    adjusted). For implementable search policies (``hexagent_gym.agents.search``); never apply it
+    to the episode being scored.
 
     Sample-group leaders keep their group's true demand (a group's KV is the sum over its
     members; the predictor gives the leader's own length only).

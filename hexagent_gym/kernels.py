@@ -2,7 +2,7 @@
 
 ``hexagent_gym._kernels`` (C, built by ``pip install`` when a C compiler is present, against
 numpy's headers) holds compiled twins of the hottest scalar rules of the decision seam and of
-the env observation's assembly (``envs.encoding``); each performs the same IEEE
+the env observation's assembly (``hexagent_gym.envs.encoding``); each performs the same IEEE
 double operations in the same order as its Python original, so every decision and every float
 is the same either way (the tests compare the two on every pick of real episodes). Without a
 compiler the package installs without it and runs the Python versions.
@@ -71,16 +71,18 @@ cache_unlock = None
 """The compiled ``prefix_cache.PrefixCache.unlock`` (its Python body is the reference), or None."""
 
 risk_plan = None
-"""The compiled twin of ``agents.hexagent``'s ranking of a prefill window
+"""The compiled twin of ``hexagent_gym.agents.hexagent``'s ranking of a prefill window
 (``DecisionPoint.risk_plan``), or None."""
 
 begin_rows = None
 """The env observation's per-decision features (call rows, cache-hit fractions, instance
-queues and batches), compiled (``envs.encoding._begin_rows_python``, same values), or None."""
+queues and batches), compiled (``hexagent_gym.envs.encoding._begin_rows_python``, same values),
+or None."""
 
 observe_step = None
 """The env's whole observation of a decision point (the Δ grid and joint mask, the per-step
-columns, fresh arrays from the per-decision templates), compiled (``envs.encoding.Encoder.
+columns, fresh arrays from the per-decision templates), compiled
+(``hexagent_gym.envs.encoding.Encoder.
 observe``'s numpy and list code, same values), or None."""
 
 def use_compiled(on: bool) -> None:

@@ -2,8 +2,9 @@
 
 A policy answers a :class:`~hexagent_gym.decisions.DecisionPoint` one pick at a time. The core
 names no policy, saved-model format or env of its own: packages *plug in* through the
-``hexagent_gym.plugins`` entry-point group of their distribution (this project's ``agents`` and
-``envs`` declare theirs in ``pyproject.toml``), each entry a function that calls
+``hexagent_gym.plugins`` entry-point group of their distribution (this project's
+``hexagent_gym.agents`` and ``hexagent_gym.envs`` declare theirs in ``pyproject.toml``), each entry
+a function that calls
 :func:`register_policy`, :func:`register_model_loader` or :func:`register_env`. Plugins load once,
 on the first lookup, so importing the core stays light; a third-party package adds policies the
 same way.

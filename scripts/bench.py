@@ -19,8 +19,14 @@ from pathlib import Path
 
 import numpy as np
 
-from agents.benchmark import bench_policy, bench_ppo
-from agents.regression import check, format_table, load_baseline, run_ci_cases, save_baseline
+from hexagent_gym.agents.benchmark import bench_policy, bench_ppo
+from hexagent_gym.agents.regression import (
+    check,
+    format_table,
+    load_baseline,
+    run_ci_cases,
+    save_baseline,
+)
 from hexagent_gym.benchmark import bench_core, bench_timeline
 
 BASELINE = Path(__file__).resolve().parent.parent / ".ci" / "baseline.json"
@@ -76,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.load}, {tl.num_calls} calls): us per simulated call {tl.us_per_call_off:.1f} "
           f"off, {tl.us_per_call_on:.1f} on ({tl.overhead_pct:+.1f} %); {tl.spans} spans, "
           f"Chrome trace export {tl.export_ms:.0f} ms")
-    if importlib.util.find_spec("envs.benchmark") is not None:
-        from envs.benchmark import bench_env
+    if importlib.util.find_spec("hexagent_gym.envs.benchmark") is not None:
+        from hexagent_gym.envs.benchmark import bench_env
 
         for label, serving in (("prefix cache on", {}),
                                ("prefix cache off", {"prefix_cache": False,
@@ -103,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name, r in (("equivariant", ppo.run("equivariant")),
                                 ("MultiInput", ppo.run("mlp")))))
         if not args.no_scaling:
-            from envs.benchmark import bench_cartpole, bench_scaling, paired_ratios
             from hexagent_gym import kernels
+            from hexagent_gym.envs.benchmark import bench_cartpole, bench_scaling, paired_ratios
 
             def yardstick() -> float:  # the machine's speed around the table (best of 3)
                 return max(bench_cartpole(20_000, np.random.default_rng(args.seed))

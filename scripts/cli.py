@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     # imported on demand: train pulls in torch, which evaluate and bench do not need
-    module = importlib.import_module(f"scripts.{command}")
+    module = importlib.import_module(f"hexagent_gym.scripts.{command}")
     with _prog_name(f"{PROG} {command}"):
         return module.main(rest)
 

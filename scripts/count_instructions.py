@@ -42,9 +42,9 @@ from pathlib import Path
 
 import numpy as np
 
-from envs.benchmark import random_valid_steps
-from envs.pd_cluster_env import PDClusterEnv
 from hexagent_gym.config import ConfigError
+from hexagent_gym.envs.benchmark import random_valid_steps
+from hexagent_gym.envs.pd_cluster_env import PDClusterEnv
 from hexagent_gym.policy import make_policy
 
 UNIT = {"step": "env step", "rollout": "simulated call", "first": "simulated call"}

@@ -24,9 +24,9 @@ import sys
 
 import numpy as np
 
-from agents.hexagent import HexAgentPolicy, projected_risk
-from envs.mixture import MixtureEnv
-from envs.pd_cluster_env import PDClusterEnv
+from hexagent_gym.agents.hexagent import HexAgentPolicy, projected_risk
+from hexagent_gym.envs.mixture import MixtureEnv
+from hexagent_gym.envs.pd_cluster_env import PDClusterEnv
 from hexagent_gym.experiments.stats import Stat
 
 DEFAULT_VARIANTS = ("elapsed=0.7", "elapsed=1.5", "elapsed=2", "horizon=0.8", "horizon=1.2",

@@ -28,7 +28,7 @@ import torch.nn as nn
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from torch.utils.tensorboard import SummaryWriter
 
-from envs import make_env_fn
+from hexagent_gym.envs import make_env_fn
 
 MASKED_LOGIT = -1e8  # finite, so an all-invalid row stays a (uniform) distribution, never NaN
 

@@ -5,13 +5,13 @@ Usage:
     python scripts/rllib_ppo.py --cluster tiny-2p2d --num-workflows 6 --iterations 1 \\
         --train-batch-size 64 --minibatch-size 32          # a quick check (~15 s)
 
-The config is agents.rllib_env.ppo_config: the env is the RLlib shape of PDCluster-v0
+The config is hexagent_gym.agents.rllib_env.ppo_config: the env is the RLlib shape of PDCluster-v0
 (``{"action_mask", "observations"}``, built on ``action_mask_in_obs=True``) and the RLModule is
 RLlib's example ``ActionMaskingTorchRLModule``, which adds log(mask) to PPO's logits so invalid
 actions get no probability. Each iteration prints the env runners' mean episode return and
-Req99 (logged by agents.rllib_env.log_episode_metrics from the final step's info). Needs
-``ray[rllib]`` (``pip install "hexagent-gym[distributed]"``); Ray starts locally with --num-cpus
-CPUs.
+Req99 (logged by hexagent_gym.agents.rllib_env.log_episode_metrics from the final step's info).
+Needs ``ray[rllib]`` (``pip install "hexagent-gym[distributed]"``); Ray starts locally with
+--num-cpus CPUs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import argparse
 import sys
 from typing import Any
 
-from agents.rllib_env import ppo_config
+from hexagent_gym.agents.rllib_env import ppo_config
 
 
 def summary(result: dict[str, Any]) -> str:

@@ -16,7 +16,8 @@ config seed + i, so the envs sample different episodes. Evaluation episodes use 
 --eval-seeds on the same config (or --eval-num-workflows). Outputs in --logdir: TensorBoard
 events (eval/req99, hexagent/req99, train/*, rollout/*, bc/*), progress.csv, best_model.zip
 (lowest eval/req99), run.json (arguments, timings, final numbers). The final model goes to --out.
-The pipeline itself is agents.training.train; this script turns the flags into its TrainConfig.
+The pipeline itself is hexagent_gym.agents.training.train; this script turns the flags into its
+TrainConfig.
 """
 
 from __future__ import annotations
@@ -25,7 +26,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from agents.training import CHOICES, TRAIN_DEFAULTS, TrainConfig, TrainConfigError, train
+from hexagent_gym.agents.training import (
+    CHOICES,
+    TRAIN_DEFAULTS,
+    TrainConfig,
+    TrainConfigError,
+    train,
+)
 from hexagent_gym.config import ConfigError
 
 D = TrainConfig()  # the defaults of every flag

@@ -1,6 +1,6 @@
 """Ray Tune sweep over PPO hyperparameters of the learned scheduler; one training run
-(agents.training.train, in the trial's process) per trial, each logging to TensorBoard in its
-trial directory.
+(hexagent_gym.agents.training.train, in the trial's process) per trial, each logging to TensorBoard
+in its trial directory.
 
 Usage:
     python scripts/tune.py                                   # 4 trials x 2048 steps, local Ray
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agents.training import TrainConfig, train
+from hexagent_gym.agents.training import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_SCRIPT = ROOT / "scripts" / "train.py"

@@ -2,9 +2,11 @@
 
 Read from the source (AST), so imports inside functions count too. Layers, top to bottom:
 ``scripts`` → ``agents`` → ``envs`` → ``hexagent_gym.experiments`` → ``hexagent_gym`` (the
-simulator core). A module may import its own layer or any lower one, never a higher one.
-``hexagent_gym.evaluation``/``distributed``/``plots`` are thin re-exports of the experiment
-runner and belong to its layer.
+simulator core). The folders ``scripts/``, ``agents/`` and ``envs/`` install as
+``hexagent_gym.scripts`` ... (pyproject's package-dir), and every import uses those names. A module
+may import its own layer or any lower one, never a higher one.
+``hexagent_gym.evaluation``/``distributed``/``plots`` are thin re-exports of the experiment runner
+and belong to its layer.
 """
 
 from __future__ import annotations
@@ -17,12 +19,16 @@ import networkx as nx
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("hexagent_gym", "envs", "agents", "scripts")
+MAPPED = ("envs", "agents", "scripts", "configs", "models")  # folder -> hexagent_gym.<folder>
 RUNNER_SHIMS = {"hexagent_gym.evaluation", "hexagent_gym.distributed", "hexagent_gym.plots"}
 RANK = {"core": 0, "experiments": 1, "envs": 2, "agents": 3, "scripts": 4}
 
 
 def layer(module: str) -> str:
-    top = module.split(".")[0]
+    parts = module.split(".")
+    if parts[0] == "hexagent_gym" and len(parts) > 1 and parts[1] in MAPPED:
+        return parts[1]
+    top = parts[0]
     if top == "hexagent_gym":
         if module.startswith("hexagent_gym.experiments") or module in RUNNER_SHIMS:
             return "experiments"
@@ -34,6 +40,8 @@ def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
+    if parts[0] in MAPPED:
+        parts.insert(0, "hexagent_gym")
     return ".".join(parts)
 
 
@@ -89,7 +97,7 @@ def test_imports_point_down_the_layers():
 
 def test_the_core_names_no_module_of_a_higher_layer():
     # not even as an entry-point string: higher layers plug in through package metadata
-    named = re.compile(r"^(agents|envs|scripts)\.[A-Za-z_][\w.]*(:\w+)?$")
+    named = re.compile(r"^(hexagent_gym\.)?(agents|envs|scripts)\.[A-Za-z_][\w.]*(:\w+)?$")
     hits = []
     for name, path in project_modules().items():
         if layer(name) not in ("core", "experiments"):
@@ -99,6 +107,21 @@ def test_the_core_names_no_module_of_a_higher_layer():
                     and named.match(node.value):
                 hits.append(f"{name}: {node.value!r}")
     assert not hits, "\n".join(hits)
+
+
+def test_nothing_imports_a_generic_top_level_name():
+    # the folders install as hexagent_gym.<folder> only: a bare `import envs` works in a checkout
+    # whose root is on sys.path (pytest's) but not for a user of the wheel
+    bare = []
+    for path in [*ROOT.joinpath("tests").rglob("*.py"),
+                 *(p for pkg in PACKAGES for p in ROOT.joinpath(pkg).rglob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom)
+                     and not node.level else [])
+            bare += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                     if n.split(".")[0] in MAPPED]
+    assert not bare, "\n".join(bare)
 
 
 def test_the_checks_see_function_level_and_relative_imports(tmp_path):

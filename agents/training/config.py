@@ -44,10 +44,10 @@ class TrainConfig:
     """Every option of a training run: the flags of ``scripts/train.py``, same names (``--n-envs``
     is ``n_envs``) and defaults.
 
-    Episodes: ``mixture`` (a ``configs/mixtures`` name or YAML path, ``envs.mixture``): the
-    training and teacher episodes draw a setting per reset from it, and the episode fields below
-    set only the evaluation episodes. Otherwise ``config`` (an experiment YAML path or a
-    configs/experiments name; only its episode keys apply) or, without it,
+    Episodes: ``mixture`` (a ``configs/mixtures`` name or YAML path,
+    ``hexagent_gym.envs.mixture``): the training and teacher episodes draw a setting per reset from
+    it, and the episode fields below set only the evaluation episodes. Otherwise ``config`` (an
+    experiment YAML path or a configs/experiments name; only its episode keys apply) or, without it,
     :data:`TRAIN_DEFAULTS`; then each of ``cluster``, ``trace``, ``num_workflows``, ``load``
     (offered prefill load ρ; setting it drops the config's ``arrival_rate``), ``p_max``,
     ``d_max`` (slot padding, for ``policy="mlp"`` transfer) that is not None, the ``seed``,
@@ -63,7 +63,7 @@ class TrainConfig:
     MaskablePPO ``total_timesteps``, ``lr``, ``n_steps`` (per env), ``batch_size``,
     ``n_epochs``, ``gamma``, ``gae_lambda``, ``clip_range``, ``ent_coef``.
 
-    Warm start (with ``init_from`` a teacher, see :func:`agents.training.warm_start`):
+    Warm start (with ``init_from`` a teacher, see :func:`hexagent_gym.agents.training.warm_start`):
     ``bc_episodes``, ``bc_epochs``, ``bc_lr``, ``bc_value_coef``, ``dagger_rounds``,
     ``dagger_episodes``, ``bc_target_prob`` (0 keeps the cloned sharpness), ``demos`` (a
     ``.npz`` cache of the teacher's cloning and held-out episodes: loaded when it exists and was
@@ -78,7 +78,7 @@ class TrainConfig:
     evaluation and warm-start stage, 2 also SB3's table.
 
     Every field is checked here except the names of ``config``, ``cluster``, ``trace`` and
-    ``reward``, which :func:`agents.training.train` resolves when it builds the envs.
+    ``reward``, which :func:`hexagent_gym.agents.training.train` resolves when it builds the envs.
 
     Raises:
         TrainConfigError: a field's value is invalid; the message names the field and what

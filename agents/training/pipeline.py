@@ -1,5 +1,6 @@
-"""The training pipeline: :func:`train` a :class:`~agents.training.config.TrainConfig` into a
-:class:`TrainResult` (the steps are listed in the ``agents.training`` docstring)."""
+"""The training pipeline: :func:`train` a :class:`~hexagent_gym.agents.training.config.TrainConfig`
+into a :class:`TrainResult` (the steps are listed in the ``hexagent_gym.agents.training``
+docstring)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ from stable_baselines3.common.logger import configure
 from stable_baselines3.common.utils import set_random_seed
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecMonitor
 
-from agents.callbacks import RolloutEvalCallback, rollout_stats
-from agents.learned import make_model
-from agents.shaping import ReferenceRelativeReward, relative_env_fn
-from agents.training.config import TrainConfig, episode_config
-from agents.training.warmstart import warm_start
-from envs.mixture import make_mixture_fn
-from envs.pd_cluster_env import ENV_KEYS, PDClusterEnv, make_env_fn
+from hexagent_gym.agents.callbacks import RolloutEvalCallback, rollout_stats
+from hexagent_gym.agents.learned import make_model
+from hexagent_gym.agents.shaping import ReferenceRelativeReward, relative_env_fn
+from hexagent_gym.agents.training.config import TrainConfig, episode_config
+from hexagent_gym.agents.training.warmstart import warm_start
+from hexagent_gym.envs.mixture import make_mixture_fn
+from hexagent_gym.envs.pd_cluster_env import ENV_KEYS, PDClusterEnv, make_env_fn
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,9 @@ class TrainResult:
             lowest Req99 (the first such).
         run_record: ``<logdir>/run.json``.
         history: one row per evaluation, in order: ``timesteps``, the model's
-            ``agents.callbacks.rollout_stats`` on the evaluation seeds (``req95``, ``req99``,
-            ``mean_ratio``, ``scheduler_ms``, ``attainment@<α>``) and ``reward``, the mean
-            return of those episodes under the env's reward (never the relative shaping).
+            ``hexagent_gym.agents.callbacks.rollout_stats`` on the evaluation seeds (``req95``,
+            ``req99``, ``mean_ratio``, ``scheduler_ms``, ``attainment@<α>``) and ``reward``, the
+            mean return of those episodes under the env's reward (never the relative shaping).
             Evaluations run at the start, every ``eval_every`` steps during rollouts and at the
             end unless one ran at the last step; an evaluation during a rollout precedes that
             rollout's PPO update, so the last row is of the saved model only when it was run
@@ -50,7 +51,7 @@ class TrainResult:
         reference: ``rollout_stats`` of HexAgent on the same evaluation episodes.
         train_rewards: returns of the last (up to 100) training episodes, under the training
             reward; their mean is TensorBoard's ``rollout/ep_rew_mean``.
-        bc: :attr:`agents.training.WarmStart.stats`, empty without a warm start.
+        bc: :attr:`hexagent_gym.agents.training.WarmStart.stats`, empty without a warm start.
         timings: seconds: ``bc_collect_s`` and ``bc_total_s`` with a warm start, ``ppo_s``.
     """
 

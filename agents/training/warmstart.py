@@ -1,5 +1,5 @@
 """The warm start of a training run: imitate a teacher (behaviour cloning, DAgger,
-temperature) before PPO, with ``agents.imitation``."""
+temperature) before PPO, with ``hexagent_gym.agents.imitation``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from agents.imitation import (
+from hexagent_gym.agents.imitation import (
     Demonstrations,
     behaviour_clone,
     calibrate_temperature,
@@ -54,9 +54,9 @@ def warm_start(model: Any, env: Any, *, teacher: str | Any = "hexagent", episode
     Behaviour cloning on ``episodes`` teacher episodes (reset seeds :data:`DEMO_SEED` on), for
     ``epochs`` epochs at ``lr``, the critic regressing on the returns-to-go with weight
     ``value_coef``; then ``dagger_rounds`` DAgger rounds of ``dagger_episodes`` episodes each
-    (``agents.imitation.dagger``); then, with ``target_prob`` > 0, lower the equivariant
-    policy's logit scale until the teacher's pick gets that geometric-mean probability on the
-    held-out episode (reset seed :data:`HELD_OUT_SEED`).
+    (``hexagent_gym.agents.imitation.dagger``); then, with ``target_prob`` > 0, lower the
+    equivariant policy's logit scale until the teacher's pick gets that geometric-mean probability
+    on the held-out episode (reset seed :data:`HELD_OUT_SEED`).
 
     Args:
         model: a MaskablePPO model.

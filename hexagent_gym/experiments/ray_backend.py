@@ -39,8 +39,11 @@ AUTH_HINT = ("Is the address right and the head node reachable? Clusters started
              "RAY_AUTH_MODE=token and the cluster's token in ~/.ray/auth_token or "
              "RAY_AUTH_TOKEN (`ray get-auth-token` on the head node prints it); "
              "docs/distributed.md")
-CODE_PACKAGES = ("hexagent_gym", "agents", "envs", "configs", "models")
-"""The repository's top-level packages, shipped to the cluster by :func:`code_runtime_env`."""
+CODE_PACKAGES = ("hexagent_gym",)
+"""The installed package shipped to the cluster by :func:`code_runtime_env` (the env, agents,
+scripts, configs and models are its sub-packages ``hexagent_gym.envs`` ...)."""
+
+_SUBPACKAGES = ("envs", "agents", "scripts", "configs", "models")
 
 
 def require_ray() -> Any:
@@ -52,16 +55,29 @@ def require_ray() -> Any:
     return ray
 
 
-def code_runtime_env() -> dict[str, Any]:
-    """A Ray ``runtime_env`` that ships this checkout's packages to every worker
-    (``py_modules``), so cluster nodes need the dependencies but not the repository."""
-    import importlib
+def code_runtime_env(stage_dir: str | Path | None = None) -> dict[str, Any]:
+    """A Ray ``runtime_env`` that ships this checkout's package to every worker (``py_modules``),
+    so cluster nodes need the dependencies but not the repository.
 
-    paths = []
-    for name in CODE_PACKAGES:
-        mod = importlib.import_module(name)
-        paths.append(str(Path(mod.__file__).resolve().parent))
-    return {"py_modules": paths}
+    Ray ships a folder as the package named by its basename. In an editable install the
+    sub-packages ``hexagent_gym.envs`` ... live in the checkout's top-level folders, outside
+    ``hexagent_gym/``, so the package is first assembled in ``stage_dir`` (a fresh temporary
+    folder when None) as one ``hexagent_gym/`` folder, laid out as a wheel installs it.
+    """
+    import importlib
+    import shutil
+    import tempfile
+
+    core = Path(importlib.import_module("hexagent_gym").__file__).resolve().parent
+    stage = Path(stage_dir if stage_dir is not None else tempfile.mkdtemp(prefix="hexagent-ray-"))
+    target = stage / "hexagent_gym"
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(core, target, ignore=skip, dirs_exist_ok=True)
+    for sub in _SUBPACKAGES:
+        folder = Path(importlib.import_module(f"hexagent_gym.{sub}").__path__[0]).resolve()
+        if folder != target / sub and folder.parent != core:
+            shutil.copytree(folder, target / sub, ignore=skip, dirs_exist_ok=True)
+    return {"py_modules": [str(target)]}
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:

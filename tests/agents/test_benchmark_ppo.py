@@ -1,5 +1,6 @@
-"""PPO training throughput (agents.benchmark.bench_ppo): consistent fields on a tiny setting
-(never a wall-clock threshold), and the equivariant policy's fast paths giving the numbers of
+"""PPO training throughput (hexagent_gym.agents.benchmark.bench_ppo): consistent fields on a tiny
+setting (never a wall-clock threshold), and the equivariant policy's fast paths giving the numbers
+of
 the code they replace."""
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ import pytest
 import torch as th
 
 import hexagent_gym
-from agents.benchmark import PPO_LABELS, bench_ppo
-from agents.equivariant_net import N_DELTA
-from agents.learned import make_model
+from hexagent_gym.agents.benchmark import PPO_LABELS, bench_ppo
+from hexagent_gym.agents.equivariant_net import N_DELTA
+from hexagent_gym.agents.learned import make_model
 
 TINY = dict(cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=8, load=1.5)
 

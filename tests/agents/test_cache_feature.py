@@ -7,8 +7,8 @@ import pytest
 import torch as th
 
 import hexagent_gym
-from agents.learned import make_model
-from agents.training import TrainConfig, TrainConfigError
+from hexagent_gym.agents.learned import make_model
+from hexagent_gym.agents.training import TrainConfig, TrainConfigError
 
 th.set_num_threads(1)
 
@@ -95,7 +95,7 @@ def test_config_checks_the_option():
 def test_the_option_needs_the_cached_key(env):
     from gymnasium import spaces
 
-    from agents.equivariant_policy import EquivariantPolicy
+    from hexagent_gym.agents.equivariant_policy import EquivariantPolicy
 
     space = spaces.Dict({k: v for k, v in env.observation_space.spaces.items() if k != "cached"})
     with pytest.raises(ValueError, match="cache_feature=True reads the observation's 'cached'"):

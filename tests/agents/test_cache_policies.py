@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 import hexagent_gym
-from agents.baselines import ATLAS_OVERLOAD_TOKENS, Atlas, CallFCFS
-from agents.cache_aware import (
+from hexagent_gym.agents.baselines import ATLAS_OVERLOAD_TOKENS, Atlas, CallFCFS
+from hexagent_gym.agents.cache_aware import (
     SGL_BALANCE_ABS_THRESHOLD,
     SGL_BALANCE_REL_THRESHOLD,
     SGL_CACHE_THRESHOLD,
     SGLangRouter,
 )
-from agents.hexagent import HexAgentNoCache, HexAgentPolicy
+from hexagent_gym.agents.hexagent import HexAgentNoCache, HexAgentPolicy
 from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.cluster import load_cluster
 from hexagent_gym.decisions import Stage, earliest_finish_pick

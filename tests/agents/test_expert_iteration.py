@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch as th
 
-from agents.hexagent import HexAgentPolicy
-from agents.imitation import collect_demonstrations
-from agents.search import HexAgentSearch
-from agents.training import TrainConfig, train
-from agents.training.warmstart import teacher_episodes
-from envs.mixture import MixtureEnv
-from envs.pd_cluster_env import PDClusterEnv
+from hexagent_gym.agents.hexagent import HexAgentPolicy
+from hexagent_gym.agents.imitation import collect_demonstrations
+from hexagent_gym.agents.search import HexAgentSearch
+from hexagent_gym.agents.training import TrainConfig, train
+from hexagent_gym.agents.training.warmstart import teacher_episodes
+from hexagent_gym.envs.mixture import MixtureEnv
+from hexagent_gym.envs.pd_cluster_env import PDClusterEnv
 
 th.set_num_threads(1)
 
@@ -91,7 +91,7 @@ def test_training_on_a_mixture_with_the_search_teacher(tmp_path):
 
 def test_relative_reward_on_a_mixture_pays_hexagent_nothing():
     """The reward relative to HexAgent replays each episode's own setting: HexAgent earns 0."""
-    from agents.shaping import ReferenceRelativeReward
+    from hexagent_gym.agents.shaping import ReferenceRelativeReward
 
     env = ReferenceRelativeReward(MixtureEnv(TINY_MIX))
     settings = set()

@@ -3,13 +3,16 @@ the LearnedPolicy wrapper (bare simulator = through the env), and behaviour clon
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch as th
 
 import hexagent_gym
-from agents.imitation import behaviour_clone, collect_demonstrations, imitation_loss
-from agents.learned import DEFAULT_MODEL, EquivariantPolicy, LearnedPolicy, make_model
+from hexagent_gym.agents.imitation import behaviour_clone, collect_demonstrations, imitation_loss
+from hexagent_gym.agents.learned import DEFAULT_MODEL, EquivariantPolicy, LearnedPolicy, make_model
 
 th.set_num_threads(1)
 
@@ -22,7 +25,7 @@ SMALL = dict(cluster="hetero-1", trace="lats", num_workflows=4, seed=1, load=2.0
 
 def busy_obs(env, min_calls: int = 3, seed: int = 0):
     """Step HexAgent's picks until a decision point shows at least ``min_calls`` unpicked calls."""
-    from agents.hexagent import HexAgentPolicy
+    from hexagent_gym.agents.hexagent import HexAgentPolicy
 
     base = env.unwrapped
     obs, _ = env.reset(seed=seed)
@@ -241,7 +244,7 @@ def test_registered_learned_policy_loads_the_shipped_model():
 def test_excluded_instance_features_are_not_read(small_env, small_model):
     """GPU identity, sizes and static speeds are left out by default (they let a scorer fit
     on one cluster pick instances by name instead of by Δ)."""
-    from envs.encoding import PREFILL_FEATURES
+    from hexagent_gym.envs.encoding import PREFILL_FEATURES
 
     obs, _ = busy_obs(small_env)
     changed = dict(obs, prefill=obs["prefill"].copy())
@@ -264,8 +267,8 @@ def test_prior_starts_at_hexagent(small_env):
 
 def test_reference_relative_reward_is_zero_for_the_reference():
     """Playing HexAgent's picks against HexAgent earns exactly 0 at every step."""
-    from agents.hexagent import HexAgentPolicy
-    from agents.shaping import ReferenceRelativeReward
+    from hexagent_gym.agents.hexagent import HexAgentPolicy
+    from hexagent_gym.agents.shaping import ReferenceRelativeReward
 
     env = ReferenceRelativeReward(hexagent_gym.make(**TINY), terminal_weight=5.0)
     base = env.unwrapped
@@ -298,7 +301,7 @@ def test_reference_relative_reward_is_zero_for_the_reference():
 
 
 def test_temperature_calibration_keeps_argmax(small_env):
-    from agents.imitation import calibrate_temperature
+    from hexagent_gym.agents.imitation import calibrate_temperature
 
     th.manual_seed(0)
     model = make_model(small_env, "equivariant", policy_kwargs={"prior": 8.0}, device="cpu")
@@ -311,16 +314,17 @@ def test_temperature_calibration_keeps_argmax(small_env):
     assert abs(np.exp(-after["loss"]) - 0.6) < 0.01
 
 
-# -- the module split: agents.learned re-exports the network and the SB3 policy -----------------
-# a pickle (base64, as SB3 stores it in a zip's "data") of the class reference
-# agents.learned.EquivariantPolicy, which is what models saved before the split record
+# -- the module split: hexagent_gym.agents.learned re-exports the network and the SB3 policy
+# ----------------- a pickle (base64, as SB3 stores it in a zip's "data") of the class reference
+# agents.learned.EquivariantPolicy, which is what models saved before the split (and before the
+# package installed under hexagent_gym) record
 PRE_SPLIT_POLICY_CLASS = "gAWVKAAAAAAAAACMDmFnZW50cy5sZWFybmVklIwRRXF1aXZhcmlhbnRQb2xpY3mUk5Qu"
 
 
 def test_learned_re_exports_the_network_and_the_policy_modules():
-    import agents.equivariant_net as net
-    import agents.equivariant_policy as pol
-    import agents.learned as learned
+    import hexagent_gym.agents.equivariant_net as net
+    import hexagent_gym.agents.equivariant_policy as pol
+    import hexagent_gym.agents.learned as learned
 
     for module in (net, pol):
         for name in module.__all__:
@@ -350,17 +354,18 @@ def test_split_modules_import_one_way():
                 out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
         return out
 
-    assert not imported("equivariant_net") & {"agents.learned", "agents.equivariant_policy"}
-    assert "agents.learned" not in imported("equivariant_policy")
+    assert not imported("equivariant_net") & {"hexagent_gym.agents.learned",
+                                              "hexagent_gym.agents.equivariant_policy"}
+    assert "hexagent_gym.agents.learned" not in imported("equivariant_policy")
 
 
 def test_a_model_saved_before_the_split_still_loads(tmp_path, small_env, small_model):
-    """A zip whose policy class is recorded as ``agents.learned.EquivariantPolicy`` loads into
-    the same class with the same logits."""
+    """A zip whose policy class is recorded as ``agents.learned.EquivariantPolicy`` (its name
+    before the split and before the package installed under hexagent_gym) loads into the same
+    class with the same logits, in a process where no top-level ``agents`` is importable."""
     import json
     import zipfile
 
-    from sb3_contrib import MaskablePPO
 
     saved = tmp_path / "new.zip"
     small_model.save(saved)
@@ -373,11 +378,24 @@ def test_a_model_saved_before_the_split_still_loads(tmp_path, small_env, small_m
                 data["policy_class"][":serialized:"] = PRE_SPLIT_POLICY_CLASS
                 blob = json.dumps(data, indent=4).encode()
             dst.writestr(item, blob)
-    loaded = MaskablePPO.load(old, device="cpu")
+    from hexagent_gym.agents.saved_models import load_saved_model
+
+    # pytest puts the checkout's root on sys.path, so a top-level `agents` would import here
+    # as a second copy of the package: `is` holds only if the name was read as hexagent_gym's
+    loaded = load_saved_model(old)
     assert type(loaded.policy) is EquivariantPolicy
     obs, _ = busy_obs(small_env)
     np.testing.assert_array_equal(logits_of(loaded.policy, obs),
                                   logits_of(small_model.policy, obs))
+    code = ("import sys, hexagent_gym\n"
+            "from hexagent_gym.agents.saved_models import load_saved_model\n"
+            f"model = load_saved_model({str(old)!r})\n"
+            "assert 'agents' not in sys.modules and 'envs' not in sys.modules\n"
+            "print(type(model.policy).__module__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "hexagent_gym.agents.equivariant_policy"
 
 
 @pytest.mark.skipif(not DEFAULT_MODEL.is_file(), reason="shipped model not present")

@@ -4,8 +4,8 @@ picks, and an independent copy of Ŝ."""
 import numpy as np
 import pytest
 
-from agents.hexagent import HexAgentPolicy, projected_risk
-from agents.lookahead import HexAgentLookahead, lookahead_score
+from hexagent_gym.agents.hexagent import HexAgentPolicy, projected_risk
+from hexagent_gym.agents.lookahead import HexAgentLookahead, lookahead_score
 from hexagent_gym.decisions import Stage
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.policy import make_policy, run_policy

@@ -5,8 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agents.baselines import Atlas, CallFCFS, LeastLaxityFirst, RandomPolicy, WorkflowFCFS
-from agents.hexagent import HexAgentPolicy
+from hexagent_gym.agents.baselines import (
+    Atlas,
+    CallFCFS,
+    LeastLaxityFirst,
+    RandomPolicy,
+    WorkflowFCFS,
+)
+from hexagent_gym.agents.hexagent import HexAgentPolicy
 from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.decisions import Stage
 from hexagent_gym.policy import make_policy, policy_names, register_policy, run_policy
@@ -53,7 +59,7 @@ def test_hexagent_puts_the_at_risk_call_on_the_fast_pair():
 
 
 def test_hexagent_risk_ranks_by_elapsed_over_horizon():
-    from agents.hexagent import projected_risk
+    from hexagent_gym.agents.hexagent import projected_risk
 
     _, dp = two_call_decision(arrivals=(-2.0, 0.0))
     risk = projected_risk(dp)
@@ -69,7 +75,7 @@ def test_hexagent_risk_ranks_by_elapsed_over_horizon():
 def test_hexagent_scalar_ranking_equals_numpy_argmax_at_every_pick(cluster, trace, load):
     """HexAgent ranks short windows in scalar Python: the slot must be numpy's
     ``argmax(projected_risk(dp))`` at every multi-call pick of whole episodes."""
-    from agents.hexagent import projected_risk
+    from hexagent_gym.agents.hexagent import projected_risk
     from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 
     sim = EpisodeFactory(EpisodeConfig(cluster=cluster, trace=trace, num_workflows=120,
@@ -89,7 +95,7 @@ def test_hexagent_scalar_ranking_equals_numpy_argmax_at_every_pick(cluster, trac
 
 
 def test_hexagent_scalar_ranking_follows_numpy_on_ties_and_nan():
-    from agents.hexagent import projected_risk
+    from hexagent_gym.agents.hexagent import projected_risk
 
     _, dp = two_call_decision()  # two identical calls: equal risks, the first slot wins
     pol = HexAgentPolicy()
@@ -184,9 +190,9 @@ def test_every_policy_completes_a_small_episode(name):
 
 
 def test_hexagent_lb_orders_like_hexagent_and_places_like_the_baselines():
-    from agents.ablation import HexAgentLoadBalanced
-    from agents.base import LeastLoadedPlacement
-    from agents.hexagent import HexAgentPolicy
+    from hexagent_gym.agents.ablation import HexAgentLoadBalanced
+    from hexagent_gym.agents.base import LeastLoadedPlacement
+    from hexagent_gym.agents.hexagent import HexAgentPolicy
     from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 
     factory = EpisodeFactory(EpisodeConfig(cluster="hetero-1", trace="bfcl_v3",

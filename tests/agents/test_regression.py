@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import math
 
-from agents.regression import CaseResult, check, format_table, load_baseline, save_baseline
+from hexagent_gym.agents.regression import (
+    CaseResult,
+    check,
+    format_table,
+    load_baseline,
+    save_baseline,
+)
 
 
 def case(policy, req99, error=""):

@@ -1,5 +1,6 @@
-"""agents.rllib_env: PDCluster-v0 in the Dict shape of RLlib's ActionMaskingTorchRLModule, and one
-PPO iteration on RLlib's new API stack with it. The wrapper tests need only gymnasium; the
+"""hexagent_gym.agents.rllib_env: PDCluster-v0 in the Dict shape of RLlib's
+ActionMaskingTorchRLModule, and one PPO iteration on RLlib's new API stack with it. The wrapper
+tests need only gymnasium; the
 training test is skipped without ray[rllib] (pip install "hexagent-gym[distributed]")."""
 
 from __future__ import annotations
@@ -13,8 +14,14 @@ import numpy as np
 import pytest
 
 import hexagent_gym
-from agents.rllib_env import MASK_KEY, OBS_KEY, RLlibObservation, make_rllib_env, ppo_config
-from scripts.rllib_ppo import summary
+from hexagent_gym.agents.rllib_env import (
+    MASK_KEY,
+    OBS_KEY,
+    RLlibObservation,
+    make_rllib_env,
+    ppo_config,
+)
+from hexagent_gym.scripts.rllib_ppo import summary
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = dict(cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=6, seed=3,
@@ -69,7 +76,8 @@ def test_creator_offsets_the_seed_by_rllibs_worker_index():
 
 
 def test_importing_the_wrapper_does_not_import_ray():
-    code = "import sys, agents.rllib_env; assert 'ray' not in sys.modules, 'ray imported'"
+    code = ("import sys, hexagent_gym.agents.rllib_env\n"
+            "assert 'ray' not in sys.modules, 'ray imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agents.hexagent import HexAgentPolicy
-from agents.search import HexAgentSearch, HexAgentSearchOracle, HexAgentSearchRevealed
+from hexagent_gym.agents.hexagent import HexAgentPolicy
+from hexagent_gym.agents.search import HexAgentSearch, HexAgentSearchOracle, HexAgentSearchRevealed
 from hexagent_gym.entities import CallState
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.events import Phase

@@ -1,4 +1,5 @@
-"""agents.training: the training pipeline as a library (TrainConfig → train → TrainResult)."""
+"""hexagent_gym.agents.training: the training pipeline as a library (TrainConfig → train →
+TrainResult)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,17 @@ import numpy as np
 import pytest
 import torch as th
 
-from agents.callbacks import rollout_stats
-from agents.learned import make_model
-from agents.training import (
+from hexagent_gym.agents.callbacks import rollout_stats
+from hexagent_gym.agents.learned import make_model
+from hexagent_gym.agents.training import (
     TrainConfig,
     TrainConfigError,
     episode_config,
     train,
     warm_start,
 )
-from envs.pd_cluster_env import PDClusterEnv
 from hexagent_gym.config import ConfigError
+from hexagent_gym.envs.pd_cluster_env import PDClusterEnv
 
 th.set_num_threads(1)
 

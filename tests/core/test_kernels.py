@@ -391,7 +391,7 @@ def test_risk_plan_equals_the_python_ranking_at_every_decision(build):
     """dp.risk_plan's picks are the pure-Python HexAgent's picks (slot, pair and Δ, exactly) at
     every prefill decision of several calls that HexAgent ranks pick by pick (up to its one-pass
     threshold), for as far as the plan goes."""
-    from agents.hexagent import HexAgentPolicy
+    from hexagent_gym.agents.hexagent import HexAgentPolicy
 
     class PythonRanking(HexAgentPolicy):
         def _ahead_pick(self, dp):
@@ -716,7 +716,7 @@ def _begin_fixture():
 
 @pytest.mark.parametrize("decode_stage", [False, True])
 def test_compiled_begin_rows_by_hand_and_equal_to_python(decode_stage):
-    from envs.encoding import _begin_rows_python
+    from hexagent_gym.envs.encoding import _begin_rows_python
     calls, prefill, decode = _begin_fixture()
 
     def run(fn):

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from agents import make_policy
-from envs.pd_cluster_env import PDClusterEnv
+from hexagent_gym.agents import make_policy
+from hexagent_gym.envs.pd_cluster_env import PDClusterEnv
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 
 BUDGET = 3.0  # tracked objects alive at an episode's end, per simulated call

@@ -14,7 +14,11 @@ import numpy as np
 import pytest
 
 import hexagent_gym
-from envs.encoding import (
+from hexagent_gym import kernels
+from hexagent_gym.arrivals import EpisodeWorkload
+from hexagent_gym.config import ConfigError
+from hexagent_gym.decisions import Stage, earliest_finish_pick
+from hexagent_gym.envs.encoding import (
     CALL_FEATURES,
     CLIP,
     DECODE_FEATURES,
@@ -23,13 +27,9 @@ from envs.encoding import (
     Encoder,
     MaskedDiscrete,
 )
-from envs.pd_cluster_env import CONFIG_KEYS, PDClusterEnv, make_env_fn
-from envs.render import STEP_INFO_KEYS
-from envs.rewards import make_reward, reward_names
-from hexagent_gym import kernels
-from hexagent_gym.arrivals import EpisodeWorkload
-from hexagent_gym.config import ConfigError
-from hexagent_gym.decisions import Stage, earliest_finish_pick
+from hexagent_gym.envs.pd_cluster_env import CONFIG_KEYS, PDClusterEnv, make_env_fn
+from hexagent_gym.envs.render import STEP_INFO_KEYS
+from hexagent_gym.envs.rewards import make_reward, reward_names
 from hexagent_gym.metrics import attainment, req
 from hexagent_gym.simulator import Simulator
 from hexagent_gym.workload import make_workflow
@@ -548,11 +548,21 @@ def test_sb3_check_env_passes():
 
 def test_registration_through_gymnasiums_own_mechanisms():
     code = {
-        "import the registering package": "import gymnasium as gym, envs\n"
-                                          "env = gym.make('hexagent_gym/PDCluster-v0', "
-                                          "cluster='tiny-2p2d', num_workflows=4)\n",
+        "gymnasium first": "import gymnasium as gym, hexagent_gym\n"
+                           "env = gym.make('hexagent_gym/PDCluster-v0', "
+                           "cluster='tiny-2p2d', num_workflows=4)\n",
+        "hexagent_gym first": "import sys, hexagent_gym\n"
+                              "assert 'gymnasium' not in sys.modules\n"
+                              "import gymnasium as gym\n"
+                              "env = gym.make('hexagent_gym/PDCluster-v0', "
+                              "cluster='tiny-2p2d', num_workflows=4)\n",
+        "gymnasium imported by another module": "import hexagent_gym\n"
+                                                "from gymnasium.spaces import Box\n"
+                                                "import gymnasium as gym\n"
+                                                "env = gym.make('hexagent_gym/PDCluster-v0', "
+                                                "cluster='tiny-2p2d', num_workflows=4)\n",
         "module syntax": "import gymnasium as gym\n"
-                         "env = gym.make('envs:hexagent_gym/PDCluster-v0', "
+                         "env = gym.make('hexagent_gym:hexagent_gym/PDCluster-v0', "
                          "cluster='tiny-2p2d', num_workflows=4)\n",
         "hexagent_gym.make": "import sys, hexagent_gym\n"
                              "assert 'gymnasium' not in sys.modules\n"
@@ -569,21 +579,23 @@ def test_registration_through_gymnasiums_own_mechanisms():
         assert out.stdout.strip() == "PDClusterEnv", label
 
 
-def test_the_core_alone_registers_nothing_and_loads_no_gymnasium():
+def test_the_core_loads_no_gymnasium_and_registers_once_gymnasium_is_imported():
     code = ("import sys, hexagent_gym\n"
-            "assert 'gymnasium' not in sys.modules and 'envs' not in sys.modules\n"
+            "assert 'gymnasium' not in sys.modules and 'hexagent_gym.envs' not in sys.modules\n"
             "import gymnasium as gym\n"
-            "print(hexagent_gym.ENV_ID in gym.registry)\n")
+            "print(hexagent_gym.ENV_ID in gym.registry)\n"
+            "print(any('OnGymnasiumImport' in type(f).__name__ for f in sys.meta_path))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False"
+    assert out.stdout.split() == ["True", "False"]  # registered, and the hook removed itself
 
 
 def test_importing_envs_registers_the_id_and_exports_lazily():
-    code = ("import sys, envs, gymnasium as gym\n"
-            "assert envs.ENV_ID == 'hexagent_gym/PDCluster-v0' and envs.ENV_ID in gym.registry\n"
-            "assert 'envs.pd_cluster_env' not in sys.modules, 'the env module loaded eagerly'\n"
-            "from envs import make_env_fn, PDClusterEnv, RolloutResult\n"
+    code = ("import sys, hexagent_gym.envs, gymnasium as gym\n"
+            "from hexagent_gym.envs import ENV_ID\n"
+            "assert ENV_ID == 'hexagent_gym/PDCluster-v0' and ENV_ID in gym.registry\n"
+            "assert 'hexagent_gym.envs.pd_cluster_env' not in sys.modules, 'loaded eagerly'\n"
+            "from hexagent_gym.envs import make_env_fn, PDClusterEnv, RolloutResult\n"
             "env = make_env_fn(cluster='tiny-2p2d', num_workflows=4)()\n"
             "assert isinstance(env, PDClusterEnv)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

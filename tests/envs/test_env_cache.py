@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import hexagent_gym
-from agents.hexagent import HexAgentPolicy
-from agents.learned import LearnedPolicy
-from envs.encoding import CLIP
+from hexagent_gym.agents.hexagent import HexAgentPolicy
+from hexagent_gym.agents.learned import LearnedPolicy
 from hexagent_gym.decisions import Stage
+from hexagent_gym.envs.encoding import CLIP
 
 TINY = dict(cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=8, seed=3)
 

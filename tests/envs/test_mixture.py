@@ -1,4 +1,4 @@
-"""envs.mixture: training on a distribution of (cluster, trace, load) settings."""
+"""hexagent_gym.envs.mixture: training on a distribution of (cluster, trace, load) settings."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pickle
 import numpy as np
 import pytest
 
-from agents.hexagent import HexAgentPolicy
-from envs.mixture import MixtureEnv, load_mixture, make_mixture_fn
+from hexagent_gym.agents.hexagent import HexAgentPolicy
 from hexagent_gym.config import ConfigError
+from hexagent_gym.envs.mixture import MixtureEnv, load_mixture, make_mixture_fn
 
 TINY_MIX = {
     "name": "tiny-mix",

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import hexagent_gym
-from envs.rollout import RolloutResult
 from hexagent_gym.decisions import earliest_finish_pick
+from hexagent_gym.envs.rollout import RolloutResult
 from hexagent_gym.policy import make_policy
 
 TINY = dict(cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=8, seed=3)
@@ -197,7 +197,7 @@ def test_unmasked_model_error_is_raised_at_the_first_invalid_step():
 
 
 def test_scaling_bench_reports_the_rollouts_it_timed():
-    from envs.benchmark import bench_scaling
+    from hexagent_gym.envs.benchmark import bench_scaling
 
     (row,) = bench_scaling("hexagent", "mixed", 1.0, rows=(("tiny-2p2d", 6),))
     ref = hexagent_gym.make(cluster="tiny-2p2d", trace="mixed", num_workflows=6, load=1.0).rollout(
@@ -213,7 +213,7 @@ def test_scaling_bench_reports_the_rollouts_it_timed():
 def test_collector_clock_adds_up_collections_only():
     import gc
 
-    from envs.benchmark import _CollectorClock
+    from hexagent_gym.envs.benchmark import _CollectorClock
 
     clock = _CollectorClock()
     gc.callbacks.append(clock)
@@ -231,7 +231,7 @@ def test_collector_clock_adds_up_collections_only():
 
 
 def test_scaling_bench_times_every_row_over_about_as_many_calls():
-    from envs.benchmark import bench_scaling
+    from hexagent_gym.envs.benchmark import bench_scaling
 
     short, long = bench_scaling("hexagent", "mixed", 1.0, repeat=1,
                                 rows=(("tiny-2p2d", 3), ("tiny-2p2d", 12)))
@@ -244,7 +244,7 @@ def test_scaling_bench_times_every_row_over_about_as_many_calls():
 def test_scaling_bench_keeps_every_round_and_pairs_rows_round_by_round():
     from dataclasses import replace
 
-    from envs.benchmark import bench_scaling, paired_ratios
+    from hexagent_gym.envs.benchmark import bench_scaling, paired_ratios
 
     short, long = bench_scaling("hexagent", "mixed", 1.0, repeat=3,
                                 rows=(("tiny-2p2d", 3), ("tiny-2p2d", 12)))
@@ -302,7 +302,7 @@ def test_rollout_frees_its_own_episode_and_leaves_a_users_calls_intact():
 def test_env_bench_reports_the_collectors_share_of_its_timed_runs():
     import gc
 
-    from envs.benchmark import bench_env
+    from hexagent_gym.envs.benchmark import bench_env
 
     callbacks = list(gc.callbacks)
     r = bench_env(cluster="tiny-2p2d", trace="mixed", num_workflows=6, steps=1500, repeat=2)
@@ -318,7 +318,7 @@ def test_env_bench_reports_the_collectors_share_of_its_timed_runs():
 
 
 def test_env_bench_refuses_no_timed_run():
-    from envs.benchmark import bench_env
+    from hexagent_gym.envs.benchmark import bench_env
 
     with pytest.raises(ValueError, match=r"repeat >= 1 timed runs, got steps=10, repeat=0"):
         bench_env(cluster="tiny-2p2d", trace="mixed", num_workflows=6, steps=10, repeat=0)

@@ -276,7 +276,7 @@ def test_ray_is_optional():
     """Importing the evaluation layer (or the Ray backend module) does not import ray, and
     asking for the Ray backend without ray says how to install it."""
     code = ("import sys; import hexagent_gym.experiments, hexagent_gym.evaluation, "
-            "hexagent_gym.distributed, hexagent_gym.plots; import scripts.evaluate; "
+            "hexagent_gym.distributed, hexagent_gym.plots; import hexagent_gym.scripts.evaluate; "
             "assert 'ray' not in sys.modules, 'ray imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.baselines import Atlas
+from hexagent_gym.agents.baselines import Atlas
 from hexagent_gym.config import ConfigError
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.experiments import (

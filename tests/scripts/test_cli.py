@@ -14,17 +14,17 @@ from pathlib import Path
 
 import pytest
 
-import scripts.bench
-import scripts.evaluate
-import scripts.train
-from scripts import cli
+import hexagent_gym.scripts.bench
+import hexagent_gym.scripts.evaluate
+import hexagent_gym.scripts.train
+from hexagent_gym.scripts import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("command, module", [("evaluate", scripts.evaluate),
-                                             ("train", scripts.train),
-                                             ("bench", scripts.bench)])
+@pytest.mark.parametrize("command, module", [("evaluate", hexagent_gym.scripts.evaluate),
+                                             ("train", hexagent_gym.scripts.train),
+                                             ("bench", hexagent_gym.scripts.bench)])
 def test_each_command_calls_its_scripts_main_with_the_rest_of_argv(command, module, monkeypatch):
     calls = []
 
@@ -42,7 +42,7 @@ def test_each_command_calls_its_scripts_main_with_the_rest_of_argv(command, modu
 def test_every_command_names_a_script_with_main():
     for command in cli.COMMANDS:
         assert (ROOT / "scripts" / f"{command}.py").is_file()
-        assert callable(importlib.import_module(f"scripts.{command}").main)
+        assert callable(importlib.import_module(f"hexagent_gym.scripts.{command}").main)
 
 
 def test_unknown_command_exits_2_naming_the_valid_ones(capsys):

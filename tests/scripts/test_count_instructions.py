@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from envs.pd_cluster_env import PDClusterEnv
 from hexagent_gym.config import ConfigError
-from scripts import count_instructions as ci
+from hexagent_gym.envs.pd_cluster_env import PDClusterEnv
+from hexagent_gym.scripts import count_instructions as ci
 
 
 def test_instructions_from_reads_the_total_and_says_what_is_missing():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scripts.headroom import headroom_rows
+from hexagent_gym.scripts.headroom import headroom_rows
 
 
 def _cell(policy: str, seed: int, req99: float, label: str = "") -> dict:

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from envs.pd_cluster_env import PDClusterEnv
-from scripts.hexagent_variants import RiskVariant, main, parse_variant
+from hexagent_gym.envs.pd_cluster_env import PDClusterEnv
+from hexagent_gym.scripts.hexagent_variants import RiskVariant, main, parse_variant
 
 
 def _stub_dp(arrival, h_est, best, now=10.0):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from scripts import ppo_masked
+from hexagent_gym.scripts import ppo_masked
 
 TINY = dict(cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=6, max_calls_per_decision=4,
             seed=3, num_envs=2, num_steps=32, total_timesteps=128, num_minibatches=2,

@@ -92,7 +92,7 @@ def test_imitation_from_the_lookahead_teacher(tmp_path):
 
 
 def test_load_flag_is_the_offered_load():
-    from agents.training import episode_config
+    from hexagent_gym.agents.training import episode_config
 
     train = _train_module()
     args = train.parse_args(["--load", "1.3", "--cluster", "hetero-2"])
@@ -104,7 +104,7 @@ def test_load_flag_is_the_offered_load():
 
 
 def test_flags_become_the_train_config():
-    from agents.training import TrainConfig
+    from hexagent_gym.agents.training import TrainConfig
 
     train = _train_module()
     assert train.parse_args([]) == TrainConfig()  # same defaults
