@@ -8,6 +8,7 @@ Usage:
     python scripts/evaluate.py --config table6 --backend ray                 # local Ray, all cores
     python scripts/evaluate.py --config table1 --backend ray --address HEAD:6379   # a cluster
     python scripts/evaluate.py --policies hexagent --traces bfcl_v3 --seeds 0 --timeline out/
+    python scripts/evaluate.py --traces mooncake.jsonl --replay   # every row, its own timestamps
 
 Flags override the config's grid. Output goes to --out (default results/<experiment name>):
 cells.jsonl (one line per finished cell; --resume skips those), results.json (table rows and
@@ -47,9 +48,33 @@ def _list(kind: type):
         try:
             return [kind(x) for x in text.split(",") if x.strip()]
         except ValueError:
+            hint = (" (to replay a trace's own arrival times instead of a load, use --replay)"
+                    if text.strip().lower() in ("none", "null") else "")
             raise argparse.ArgumentTypeError(
-                f"expected a comma-separated list of {kind.__name__}s, got {text!r}") from None
+                f"expected a comma-separated list of {kind.__name__}s, got {text!r}{hint}"
+            ) from None
     return parse
+
+
+def sampling_notes(exp: Experiment) -> list[str]:
+    """One line per trace that carries its own arrival times but is sampled with Poisson
+    arrivals in some cell (say so rather than silently not replaying it)."""
+    from hexagent_gym.workload import load_trace
+
+    sampled: dict[str, str] = {}
+    for cell in exp.cells():
+        e = cell.episode
+        if e.trace not in sampled and (e.arrival_rate is not None or e.load is not None):
+            how = (f"{e.arrival_rate:g} workflows/s" if e.arrival_rate is not None
+                   else f"offered load {e.load:g}")
+            sampled[e.trace] = f"{e.num_workflows or 'all'} workflows at {how}"
+    notes = []
+    for trace, how in sampled.items():
+        workflows = load_trace(trace).workflows
+        if workflows and all(w.arrival_s is not None for w in workflows):
+            notes.append(f"{trace} has its own arrival times, but this run samples {how} with "
+                         f"Poisson arrivals; add --replay to replay every row at its timestamp")
+    return notes
 
 
 def write_timeline(exp: Experiment, out_dir: Path, policy: str | None = None,
@@ -111,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-workflows", type=int, help="workflows per episode (all traces)")
     parser.add_argument("--load", type=_list(float),
                         help="offered prefill load(s) ρ to sweep, e.g. 0.8,1.0")
+    parser.add_argument("--replay", action="store_true",
+                        help="replay each trace's own arrival times, every row in time order "
+                             "(public traces with timestamps: Mooncake, Qwen-Bailian); with "
+                             "--num-workflows or --quick, the first rows")
     parser.add_argument("--estimation-error", type=_list(float),
                         help="estimation-error level(s) to sweep, e.g. 0,0.1,0.2")
     parser.add_argument("--quick", action="store_true",
@@ -185,10 +214,13 @@ def main(argv: list[str] | None = None) -> int:
         exp = exp.with_overrides(policies=args.policies, clusters=args.clusters,
                                  traces=args.traces, seeds=args.seeds,
                                  num_workflows=args.num_workflows, loads=args.load,
-                                 estimation_errors=args.estimation_error, quick=args.quick)
+                                 estimation_errors=args.estimation_error, quick=args.quick,
+                                 replay=args.replay)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for note in sampling_notes(exp):
+        print(f"note: {note}", file=sys.stderr)
     if args.timeline is not None:
         try:
             paths = write_timeline(exp, args.timeline, args.timeline_policy,

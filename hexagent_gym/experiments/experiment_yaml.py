@@ -10,9 +10,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hexagent_gym.config import ConfigError, resolve_config, suggest
+from hexagent_gym.config import ConfigError, suggest
 from hexagent_gym.episode import EPISODE_KEYS, EXPERIMENT_META_KEYS, EpisodeConfig, load_config
-from hexagent_gym.experiments.grid import Experiment, Grid, PolicySpec, Report
+from hexagent_gym.experiments.grid import (
+    Experiment,
+    Grid,
+    PolicySpec,
+    Report,
+    check_clusters,
+    check_traces,
+)
 from hexagent_gym.policy import make_policy, policy_names
 
 TOP_LEVEL_KEYS = EXPERIMENT_META_KEYS  # the keys load_config leaves for us (and the env ignores)
@@ -69,15 +76,10 @@ def _parse_grid(data: Any, base: EpisodeConfig, source: str) -> Grid:
         kw["policies"] = _parse_policies(data["policies"], f"{where}.policies")
     if "clusters" in data:
         kw["clusters"] = _str_list(data, "clusters", where)
-        for c in kw["clusters"]:
-            try:
-                resolve_config("clusters", c)
-            except ConfigError as exc:
-                raise ConfigError(f"{where}.clusters: {exc}") from None
+        check_clusters(kw["clusters"], f"{where}.clusters")
     if "traces" in data:
         kw["traces"] = _str_list(data, "traces", where)
-        for t in kw["traces"]:
-            _check_trace(t, f"{where}.traces")
+        check_traces(kw["traces"], f"{where}.traces")
     if "seeds" in data:
         kw["seeds"] = _num_list(data, "seeds", where, int)
     if "loads" in data:
@@ -239,12 +241,3 @@ def _settings(data: Any, where: str, base: EpisodeConfig) -> dict[str, Any]:
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return dict(data)
-
-
-def _check_trace(name: str, where: str) -> None:
-    from hexagent_gym.workload import TraceError, load_trace
-
-    try:
-        load_trace(name)  # cached by the loader; the cells load it again for free
-    except TraceError as exc:
-        raise ConfigError(f"{where}: {exc}") from None

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hexagent_gym.config import ConfigError, suggest
+from hexagent_gym.config import ConfigError, resolve_config, suggest
 from hexagent_gym.episode import EpisodeConfig
 from hexagent_gym.experiments.cells import Cell, freeze_kwargs
 from hexagent_gym.policy import policy_names
@@ -56,6 +56,28 @@ class PolicySpec:
     def shown_as(self) -> str:
         """The label, or the policy name when there is none."""
         return self.label or self.name
+
+
+def check_clusters(names: Sequence[str], where: str) -> None:
+    """Raise a ConfigError naming ``where`` for a cluster that is neither shipped nor a YAML path
+    (before any cell runs: an unknown name must not cost a grid's worth of work)."""
+    for c in names:
+        try:
+            resolve_config("clusters", c)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+
+def check_traces(names: Sequence[str], where: str) -> None:
+    """Raise a ConfigError naming ``where`` for a trace that does not load (the loader caches
+    it, so the cells load it again for free)."""
+    from hexagent_gym.workload import TraceError, load_trace
+
+    for t in names:
+        try:
+            load_trace(t)
+        except TraceError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
 
 
 def _spec(entry: str | PolicySpec) -> PolicySpec:
@@ -212,14 +234,24 @@ class Experiment:
                        num_workflows: int | None = None,
                        loads: Sequence[float] | None = None,
                        estimation_errors: Sequence[float] | None = None,
-                       quick: bool = False, quick_workflows: int = 50) -> Experiment:
+                       quick: bool = False, quick_workflows: int = 50,
+                       replay: bool = False) -> Experiment:
         """A copy with command-line style overrides applied (None leaves an axis as it is).
 
         ``policies`` names policies or the labels of the grid's :class:`PolicySpec` entries (a
         label keeps its entry, arguments included). ``num_workflows`` replaces the count
         everywhere (top level, per trace and variants). ``quick`` keeps the first seed only and
-        caps every workflow count at ``quick_workflows``.
+        caps every workflow count at ``quick_workflows``. ``replay`` replays each trace's own
+        arrival times (every row in ``arrival_s`` order; with ``num_workflows`` or ``quick`` the
+        first rows): it clears every ``load`` and ``arrival_rate`` (top level, per trace,
+        variants, the loads axis) and every workflow count.
+
+        Raises:
+            ConfigError: an unknown policy, cluster or trace; ``replay`` with ``loads``; a trace
+                to replay that has no arrival times.
         """
+        if replay and loads is not None:
+            raise ConfigError("--replay replays the traces' own arrival times: drop --load")
         g = self.grid
         changes: dict[str, Any] = {}
         for name, value in (("policies", policies), ("clusters", clusters), ("traces", traces),
@@ -231,6 +263,10 @@ class Experiment:
             entries = {p.shown_as: p for p in g.policies if isinstance(p, PolicySpec)}
             changes["policies"] = tuple(entries.get(p.lower(), p.lower()) for p in policies)
         g = dataclasses.replace(g, **changes)  # Grid.__post_init__ checks the policy names
+        if clusters is not None:
+            check_clusters(clusters, "--clusters")
+        if traces is not None:
+            check_traces(traces, "--traces")
 
         def counts(fn: Callable[[int | None], int | None]) -> Grid:
             per = {t: {**s, "num_workflows": fn(s["num_workflows"])} if "num_workflows" in s
@@ -240,6 +276,8 @@ class Experiment:
             return dataclasses.replace(g, base=g.base.replace(
                 num_workflows=fn(g.base.num_workflows)), per_trace=per, variants=variants)
 
+        if replay:
+            g = _replay_grid(g)
         if num_workflows is not None:
             g = counts(lambda _n: num_workflows)
         if quick:
@@ -247,4 +285,37 @@ class Experiment:
             g = dataclasses.replace(g, seeds=(g.seeds or (g.base.seed,))[:1])
         # Validate every cell's episode settings now, not halfway through a run.
         g.cells()
+        if replay:
+            check_replayable(g.traces or (g.base.trace,), "--replay")
         return dataclasses.replace(self, grid=g)
+
+
+_ARRIVAL_KEYS = ("load", "arrival_rate", "num_workflows")
+
+
+def _replay_grid(g: Grid) -> Grid:
+    """``g`` with every arrival-process and workflow-count setting cleared (replay mode)."""
+
+    def keep(settings: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in settings.items() if k not in _ARRIVAL_KEYS}
+
+    return dataclasses.replace(
+        g, base=g.base.replace(load=None, arrival_rate=None, num_workflows=None), loads=None,
+        per_trace={t: keep(s) for t, s in g.per_trace.items()},
+        variants=tuple((n, keep(s)) for n, s in g.variants))
+
+
+def check_replayable(names: Sequence[str], where: str) -> None:
+    """Raise a ConfigError naming ``where`` for a trace with a workflow that has no
+    ``arrival_s`` (replay needs every row's own arrival time)."""
+    from hexagent_gym.workload import load_trace
+
+    for t in names:
+        trace = load_trace(t)
+        missing = next((w for w in trace.workflows if w.arrival_s is None), None)
+        if missing is not None:
+            raise ConfigError(f"{where}: trace '{trace.name}' ({trace.source}) has no arrival "
+                              f"times (workflow '{missing.workflow_id}' on line {missing.line} "
+                              f"has arrival_s = null): only traces with timestamps (e.g. "
+                              f"Mooncake, Qwen-Bailian files, or JSONL with arrival_s) replay; "
+                              f"drop --replay to draw Poisson arrivals")
