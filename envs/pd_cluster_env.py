@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from gymnasium.utils import seeding
 
 from hexagent_gym.config import ConfigError, suggest
 from hexagent_gym.envs.encoding import (
@@ -195,10 +194,12 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
 
     ## Starting State
 
-    ``reset`` samples an episode (workflows, Poisson arrivals, estimation errors) with an episode
-    seed drawn from ``self.np_random``, so the same reset seed gives the same episode. The first
-    ``reset()`` without a seed uses the config's ``seed``. The simulator then runs to the first
-    decision point (the first workflow's arrival).
+    ``reset(seed=s)`` samples the episode (workflows, Poisson arrivals, estimation errors) with
+    episode seed ``s`` itself: it is the episode ``EpisodeFactory.simulator(s)``, ``evaluate``'s
+    cell with seed ``s`` and the console command's ``--seeds s`` run (one seed, one episode). The
+    first ``reset()`` without a seed uses the config's ``seed``; later unseeded resets draw the
+    next episode seed from ``self.np_random``. The simulator then runs to the first decision point
+    (the first workflow's arrival).
 
     ## Episode End
 
@@ -207,9 +208,12 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
     the final step carries episode statistics: ``req95``, ``req99``, ``attainment`` (at α),
     ``mean_ratio``, ``num_workflows``, ``num_finished``, ``sim_seconds`` (on truncation over the
     workflows finished so far), ``episode_return`` and ``episode_seed``. Every step's and reset's
-    info carries the scalars of ``hexagent_gym.envs.render.STEP_INFO_KEYS``: ``sim_time``,
-    ``waiting_prefill``, ``waiting_decode``, ``running_prefill``, ``running_decode``,
-    ``workflows_arrived`` and ``workflows_finished``; ``reset`` adds ``episode_seed``.
+    info carries the keys of ``hexagent_gym.envs.render.STEP_INFO_KEYS``: the scalars
+    ``sim_time``, ``waiting_prefill``, ``waiting_decode``, ``running_prefill``,
+    ``running_decode``, ``workflows_arrived`` and ``workflows_finished``, and ``action_mask``
+    (Gymnasium's convention, as Taxi-v3: a fresh bool array per reset/step, equal to
+    :meth:`action_masks` right after it; all False on the step that drains the episode);
+    ``reset`` adds ``episode_seed``.
 
     ## Rendering
 
@@ -232,7 +236,8 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
     ## Version History
 
     - v0: initial version. Later additions kept v0 (defaults unchanged): the ``cached`` key,
-      ``action_mask_in_obs``, per-step info and the ``ansi`` render.
+      ``action_mask_in_obs``, per-step info and the ``ansi`` render, ``info["action_mask"]`` and
+      the outermost ``ActionMasks`` wrapper of ``gymnasium.make`` (``hexagent_gym.envs.masks``).
     """
 
     # render_fps only paces tools that play frames back (e.g. a text recorder); ansi ignores it
@@ -298,9 +303,12 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         if seed is None and self._np_random is None:
             seed = self.default_seed
         super().reset(seed=seed)
-        episode_seed = int(self.np_random.integers(2**31))
+        # the reset seed *is* the episode seed, so every entry point runs the same episode for
+        # it; only unseeded resets after the first continue the env's own stream
+        episode_seed = int(seed) if seed is not None else int(self.np_random.integers(2**31))
         obs = self._start(episode_seed)
-        return obs, {**self._info, "episode_seed": episode_seed}
+        # a copy: the caller may keep or edit the info's mask; the env's own must not change
+        return obs, {**self._info, "action_mask": self._mask.copy(), "episode_seed": episode_seed}
 
     def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict]:
         dp = self._dp
@@ -338,6 +346,7 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         truncated = (not terminated and self._step_cap is not None
                      and self._steps >= self._step_cap)
         info = dict(self._info)
+        info["action_mask"] = self._mask.copy()
         if terminated or truncated:
             info.update(self._final_info())
         return obs, reward, terminated, truncated, info
@@ -378,9 +387,9 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         return self.encoder.encode_action(slot, p, d)
 
     def episode_seed_for(self, seed: int | None = None) -> int:
-        """The episode seed that ``reset(seed=seed)`` on a fresh env uses (None: the config's)."""
-        rng, _ = seeding.np_random(self.default_seed if seed is None else seed)
-        return int(rng.integers(2**31))
+        """The episode seed that ``reset(seed=seed)`` on a fresh env uses: ``seed`` itself
+        (None: the config's)."""
+        return self.default_seed if seed is None else int(seed)
 
     def rollout(self, policy: Any, seed: int | None = None,
                 deterministic: bool = True) -> RolloutResult:

@@ -13,11 +13,18 @@ ENTRY_POINT = "hexagent_gym.envs.pd_cluster_env:PDClusterEnv"
 
 
 def register_envs() -> None:
-    """Register every env id of this package with gymnasium (idempotent)."""
+    """Register every env id of this package with gymnasium (idempotent).
+
+    ``gymnasium.make`` wraps the env in ``hexagent_gym.envs.masks.ActionMasks`` outermost (after
+    its checker, order and time-limit wrappers), so ``make(...).action_masks()`` works.
+    """
     import gymnasium
 
+    from hexagent_gym.envs.masks import action_masks_wrapper_spec
+
     if ENV_ID not in gymnasium.registry:
-        gymnasium.register(id=ENV_ID, entry_point=ENTRY_POINT)
+        gymnasium.register(id=ENV_ID, entry_point=ENTRY_POINT,
+                           additional_wrappers=(action_masks_wrapper_spec(),))
 
 
 def register() -> None:

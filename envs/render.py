@@ -21,16 +21,20 @@ if TYPE_CHECKING:
 _STAGE_DECODE = Stage.DECODE
 _STAGE_PREFILL = Stage.PREFILL
 
-STEP_INFO_KEYS = ("sim_time", "waiting_prefill", "waiting_decode", "running_prefill",
-                  "running_decode", "workflows_arrived", "workflows_finished")
-"""Keys of every step's (and reset's) ``info``; the same set on every step, so vector envs batch
-them without ``_key`` holes."""
+STEP_INFO_SCALARS = ("sim_time", "waiting_prefill", "waiting_decode", "running_prefill",
+                     "running_decode", "workflows_arrived", "workflows_finished")
+"""The scalar keys of every step's info, built by :func:`step_info` from the simulator."""
+
+STEP_INFO_KEYS = (*STEP_INFO_SCALARS, "action_mask")
+"""Keys of every step's (and reset's) ``info``: the scalars and the step's ``action_mask`` (a
+fresh bool array of the env's action-mask length, added by the env); the same set on every step,
+so vector envs batch them without ``_key`` holes."""
 
 _WINDOW_ROWS = 8  # calls listed by the render (the rest are counted)
 
 
 def step_info(sim: Simulator, running: tuple[int, int] | None = None) -> dict[str, Any]:
-    """The cheap per-step scalars of ``info`` (:data:`STEP_INFO_KEYS`) for the simulator now.
+    """The cheap per-step scalars of ``info`` (:data:`STEP_INFO_SCALARS`) for the simulator now.
 
     ``running_prefill`` counts prefills in progress (one per busy instance), ``running_decode``
     the calls in decode batches (a sample group counts once); waiting counts include calls beyond
@@ -107,4 +111,4 @@ def render_ansi(sim: Simulator | None, dp: DecisionPoint | None, num_workflows: 
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["STEP_INFO_KEYS", "render_ansi", "step_info"]
+__all__ = ["STEP_INFO_KEYS", "STEP_INFO_SCALARS", "render_ansi", "step_info"]
