@@ -1,13 +1,15 @@
-"""PDCluster-v0 in the shape RLlib's action-masking RLModule reads, and its registration.
+"""PDCluster-v0 in the shape an action-masking RLModule reads, its registration, and the PPO
+config on RLlib's new API stack.
 
-RLlib's ``ActionMaskingTorchRLModule`` (``ray.rllib.examples.rl_modules.classes
-.action_masking_rlm``, new API stack, PPO) wants a ``Dict`` observation with exactly two keys:
-``"action_mask"``, a float ``Box(0, 1, (n,))`` it turns into ``log(mask)`` added to the logits,
-and ``"observations"``, what its default encoder reads (a flat ``Box`` gets an MLP).
-:class:`RLlibObservation` makes that from the env built with ``action_mask_in_obs=True``: it
-concatenates every other key (in the observation space's key order) into ``"observations"`` and
-passes the mask through as float32. Nothing else changes: rewards, episode ends and the info
-(``req99`` etc. on the final step) are the env's.
+:class:`hexagent_gym.agents.rllib_module.MaskedPPOTorchRLModule` (our module on RLlib's public
+``DefaultPPOTorchRLModule``; RLlib's own masking module is an example that imports a deprecated
+alias) wants a ``Dict`` observation with exactly two keys: ``"action_mask"``, a float
+``Box(0, 1, (n,))`` whose zeros set the logits to ``FLOAT_MIN``, and ``"observations"``, what the
+default encoder reads (a flat ``Box`` gets an MLP). :class:`RLlibObservation` makes that from the
+env built with ``action_mask_in_obs=True``: it concatenates every other key (in the observation
+space's key order) into ``"observations"`` and passes the mask through as float32. Nothing else
+changes: rewards, episode ends and the info (``req99`` etc. on the final step) are the env's.
+:func:`result_scalars` picks the TensorBoard scalars out of an ``Algorithm.train()`` result.
 
 The wrapper needs only gymnasium; ray is imported inside :func:`register_rllib_env` and
 :func:`ppo_config` alone, so importing this module never imports ray.
@@ -104,21 +106,53 @@ def log_episode_metrics(*, episode: Any, metrics_logger: Any = None, **_: Any) -
             metrics_logger.log_value(key, float(info[key]), reduce="mean", window=100)
 
 
+# (tag, path in an ``Algorithm.train()`` result) of the scalars worth a TensorBoard chart
+RESULT_SCALARS = (
+    ("charts/episode_return_mean", ("env_runners", "episode_return_mean")),
+    ("charts/episode_len_mean", ("env_runners", "episode_len_mean")),
+    ("charts/req99", ("env_runners", "req99")),
+    ("charts/req95", ("env_runners", "req95")),
+    ("charts/attainment", ("env_runners", "attainment")),
+    ("losses/policy_loss", ("learners", "default_policy", "policy_loss")),
+    ("losses/vf_loss", ("learners", "default_policy", "vf_loss")),
+    ("losses/entropy", ("learners", "default_policy", "entropy")),
+    ("losses/mean_kl_loss", ("learners", "default_policy", "mean_kl_loss")),
+)
+
+
+def result_step(result: Mapping[str, Any]) -> int:
+    """The x of an ``Algorithm.train()`` result's charts: env steps sampled so far (lifetime)."""
+    return int(result.get("env_runners", {}).get("num_env_steps_sampled_lifetime", 0))
+
+
+def result_scalars(result: Mapping[str, Any]) -> dict[str, float]:
+    """The :data:`RESULT_SCALARS` present (and finite) in an ``Algorithm.train()`` result, by
+    tag. ``req99`` etc. appear once an episode ended (see :func:`log_episode_metrics`)."""
+    out = {}
+    for tag, path in RESULT_SCALARS:
+        value: Any = result
+        for key in path:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if isinstance(value, int | float | np.number) and np.isfinite(value):
+            out[tag] = float(value)
+    return out
+
+
 def ppo_config(env_config: Mapping[str, Any], *, train_batch_size: int = 512,
                minibatch_size: int = 128, num_epochs: int = 4, lr: float = 3e-4,
                num_env_runners: int = 0, hidden: int = 128, seed: int = 0) -> Any:
     """RLlib's ``PPOConfig`` (new API stack) for ``env_config`` (``hexagent_gym.make`` keys):
-    the env registered under :data:`RLLIB_ENV_NAME` (registered here), RLlib's
-    ``ActionMaskingTorchRLModule`` with an MLP of two ``hidden`` layers (and one in each head),
+    the env registered under :data:`RLLIB_ENV_NAME` (registered here),
+    :class:`~hexagent_gym.agents.rllib_module.MaskedPPOTorchRLModule` with an MLP of two
+    ``hidden`` layers (and one in each head),
     :func:`log_episode_metrics` at every episode end, and ``seed`` for RLlib and the env resets.
     ``num_env_runners=0`` samples in the driver process (one env); more start Ray actors. Build
     it with ``.build_algo()`` after ``ray.init``; adjust it further with the usual
     ``PPOConfig`` methods."""
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.core.rl_module.rl_module import RLModuleSpec
-    from ray.rllib.examples.rl_modules.classes.action_masking_rlm import (
-        ActionMaskingTorchRLModule,
-    )
+
+    from hexagent_gym.agents.rllib_module import MaskedPPOTorchRLModule
 
     register_rllib_env()
     return (
@@ -128,12 +162,13 @@ def ppo_config(env_config: Mapping[str, Any], *, train_batch_size: int = 512,
         .training(train_batch_size_per_learner=train_batch_size, minibatch_size=minibatch_size,
                   num_epochs=num_epochs, lr=lr)
         .rl_module(rl_module_spec=RLModuleSpec(
-            module_class=ActionMaskingTorchRLModule,
+            module_class=MaskedPPOTorchRLModule,
             model_config={"fcnet_hiddens": [hidden, hidden], "head_fcnet_hiddens": [hidden]}))
         .callbacks(on_episode_end=log_episode_metrics)
         .debugging(seed=seed)  # seeds torch/numpy in RLlib and the env resets
     )
 
 
-__all__ = ["MASK_KEY", "OBS_KEY", "RLLIB_ENV_NAME", "RLlibObservation", "log_episode_metrics",
-           "make_rllib_env", "ppo_config", "register_rllib_env"]
+__all__ = ["MASK_KEY", "OBS_KEY", "RESULT_SCALARS", "RLLIB_ENV_NAME", "RLlibObservation",
+           "log_episode_metrics", "make_rllib_env", "ppo_config", "register_rllib_env",
+           "result_scalars", "result_step"]

@@ -1,7 +1,8 @@
-"""hexagent_gym.agents.rllib_env: PDCluster-v0 in the Dict shape of RLlib's
-ActionMaskingTorchRLModule, and one PPO iteration on RLlib's new API stack with it. The wrapper
-tests need only gymnasium; the
-training test is skipped without ray[rllib] (pip install "hexagent-gym[distributed]")."""
+"""hexagent_gym.agents.rllib_env: PDCluster-v0 in the Dict shape of our action-masking
+RLModule (hexagent_gym.agents.rllib_module, on RLlib's public DefaultPPOTorchRLModule), PPO
+iterations on RLlib's new API stack with it, and scripts/rllib_ppo.py's TensorBoard output. The
+wrapper tests need only gymnasium; the RLlib tests are skipped without ray[rllib]
+(pip install "hexagent-gym[distributed]")."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ from hexagent_gym.agents.rllib_env import (
     RLlibObservation,
     make_rllib_env,
     ppo_config,
+    result_scalars,
+    result_step,
 )
+from hexagent_gym.scripts import rllib_ppo
 from hexagent_gym.scripts.rllib_ppo import summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,6 +93,115 @@ def ray_local():
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning")
     yield ray
     ray.shutdown()
+
+
+def test_result_scalars_pick_finite_values_by_path():
+    result = {"env_runners": {"episode_return_mean": -1.5, "req99": 2.25, "req95": math.nan,
+                              "num_env_steps_sampled_lifetime": 128},
+              "learners": {"default_policy": {"policy_loss": 0.5, "vf_loss": None}}}
+    assert result_scalars(result) == {"charts/episode_return_mean": -1.5,
+                                      "charts/req99": 2.25, "losses/policy_loss": 0.5}
+    assert result_step(result) == 128 and result_step({}) == 0
+
+
+def test_importing_our_rl_module_logs_no_deprecation():
+    # RLlib's example masking module imports the deprecated PPOTorchRLModule alias, which logs
+    # "DeprecationWarning: ..." through ray's logger (stderr), not through `warnings`
+    pytest.importorskip("ray.rllib")
+    code = ("import warnings\n"
+            "warnings.simplefilter('always')\n"
+            "with warnings.catch_warnings(record=True) as rec:\n"
+            "    warnings.simplefilter('always')\n"
+            "    from hexagent_gym.agents.rllib_env import ppo_config\n"
+            "    spec = ppo_config({'cluster': 'tiny-2p2d'}).rl_module_spec\n"
+            "print(spec.module_class.__module__)\n"
+            "for w in rec:\n"
+            "    if issubclass(w.category, DeprecationWarning) and ('rllib' in w.filename\n"
+            "            or 'hexagent' in w.filename or 'rllib' in str(w.message)):\n"
+            "        print('WARNED', w.filename, w.message)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "hexagent_gym.agents.rllib_module"
+    assert "WARNED" not in proc.stdout
+    assert "DeprecationWarning" not in proc.stderr and "deprecated" not in proc.stderr
+
+
+def test_rl_module_gives_masked_actions_no_probability():
+    pytest.importorskip("ray.rllib")
+    import gymnasium as gym
+    import torch
+    from ray.rllib.algorithms.ppo.torch.default_ppo_torch_rl_module import (
+        DefaultPPOTorchRLModule,
+    )
+    from ray.rllib.core.columns import Columns
+    from ray.rllib.utils.torch_utils import FLOAT_MIN
+
+    from hexagent_gym.agents import rllib_module
+    from hexagent_gym.agents.rllib_module import MaskedPPOTorchRLModule
+
+    assert (rllib_module.MASK_KEY, rllib_module.OBS_KEY) == (MASK_KEY, OBS_KEY)
+    n, f = 6, 5
+    space = gym.spaces.Dict({MASK_KEY: gym.spaces.Box(0.0, 1.0, (n,), np.float32),
+                             OBS_KEY: gym.spaces.Box(-1.0, 1.0, (f,), np.float32)})
+    module = MaskedPPOTorchRLModule(observation_space=space, action_space=gym.spaces.Discrete(n),
+                                    model_config={"fcnet_hiddens": [8],
+                                                  "head_fcnet_hiddens": [8]})
+    assert module.observation_space == space  # the full space again after setup
+    torch.manual_seed(0)
+    feats = torch.randn(4, f)
+    mask = torch.tensor([[1, 0, 1, 0, 0, 1], [0, 0, 0, 0, 0, 1], [1, 1, 1, 1, 1, 1],
+                         [0, 0, 0, 0, 0, 0]], dtype=torch.float32)
+    obs = {MASK_KEY: mask, OBS_KEY: feats}
+    batch = {Columns.OBS: obs}
+    with torch.no_grad():
+        plain = DefaultPPOTorchRLModule._forward(module, {Columns.OBS: feats})
+        outs = [module.forward_inference(batch), module.forward_exploration(batch),
+                module.forward_train(batch)]
+        values = module.compute_values(batch)
+    assert batch[Columns.OBS] is obs and set(obs) == {MASK_KEY, OBS_KEY}  # left as it was
+    expected = torch.where(mask > 0, plain[Columns.ACTION_DIST_INPUTS], FLOAT_MIN)
+    for out in outs:
+        logits = out[Columns.ACTION_DIST_INPUTS]
+        assert torch.equal(logits, expected)
+        probs = torch.softmax(logits, dim=1)
+        assert (probs[mask == 0][:-n] == 0).all()  # every masked action of rows 0-2
+        assert probs[1, 5] == 1.0  # the only valid action is certain
+        assert torch.isfinite(probs).all()  # row 3 (nothing valid) stays a distribution
+    assert values.shape == (4,) and torch.isfinite(values).all()
+    with pytest.raises(ValueError, match="action_mask"):
+        module.forward_inference({Columns.OBS: feats})  # never runs unmasked
+    with pytest.raises(ValueError, match="Dict observation space"):
+        MaskedPPOTorchRLModule(observation_space=space[OBS_KEY],
+                               action_space=gym.spaces.Discrete(n))
+
+
+def test_script_writes_tensorboard_scalars_at_env_steps(ray_local, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = rllib_ppo.parse_args([
+        "--cluster", "tiny-2p2d", "--num-workflows", "4", "--max-calls-per-decision", "4",
+        "--iterations", "2", "--train-batch-size", "64", "--minibatch-size", "32",
+        "--num-epochs", "1", "--hidden", "16", "--logdir", str(tmp_path)])
+    out = rllib_ppo.train(args)
+    assert ray_local.is_initialized()  # the script leaves a Ray it did not start running
+    results = out["results"]
+    assert len(results) == 2
+    run_dir = Path(out["run_dir"])
+    assert run_dir.parent == tmp_path and list(run_dir.glob("events.out.tfevents.*"))
+    acc = EventAccumulator(str(run_dir))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"charts/episode_return_mean", "charts/req99", "losses/policy_loss"} <= tags
+    steps = [result_step(r) for r in results]
+    assert 64 <= steps[0] < steps[1]  # env steps sampled so far, not the iteration number
+    for tag in ("charts/req99", "losses/policy_loss"):
+        events = acc.Scalars(tag)
+        assert [e.step for e in events] == [s for s, r in zip(steps, results, strict=True)
+                                            if tag in result_scalars(r)]
+        assert [e.value for e in events] == pytest.approx(
+            [result_scalars(r)[tag] for r in results if tag in result_scalars(r)])
+    assert all(0 < e.value < math.inf for e in acc.Scalars("charts/req99"))
 
 
 def test_one_ppo_iteration_with_the_action_masking_rl_module(ray_local):
