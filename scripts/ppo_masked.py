@@ -10,8 +10,10 @@ invalid logits set to -1e8, GAE, the clipped PPO loss. Under SAME_STEP the step 
 episode already returns the next episode's first observation, so GAE is cut there (done =
 terminated | truncated); a truncation is bootstrapped with V(info["final_obs"]), a termination
 with 0. TensorBoard (<logdir>/<run>): charts/{req99, episodic_return, episodic_length,
-learning_rate, SPS}, losses/*, eval/*. Prints each finished episode's Req99 (from
-info["final_info"]) and at the end the greedy policy's Req99 next to HexAgent's (env.rollout).
+learning_rate, SPS}, losses/*, eval/{req99, hexagent_req99} (the mean over --eval-seeds, at the
+final global step). Every scalar's step is the global env step (env steps summed over the
+sub-envs). Prints each finished episode's Req99 (from info["final_info"]) and at the end the
+greedy policy's Req99 next to HexAgent's (env.rollout).
 """
 
 from __future__ import annotations
@@ -274,8 +276,11 @@ def train(args: Args) -> dict:
     ref = [eval_env.rollout("hexagent", seed=s).req99 for s in seeds]
     for s, a, b in zip(seeds, ours, ref, strict=True):
         print(f"eval seed {s}: req99 {a:.3f} (hexagent {b:.3f})")
-        writer.add_scalar("eval/req99", a, s)
-        writer.add_scalar("eval/hexagent_req99", b, s)
+    if seeds:
+        # at the global env step like every other scalar (the x of the training curves), as
+        # the mean over the seeds: one point per run, comparable across runs
+        writer.add_scalar("eval/req99", float(np.mean(ours)), global_step)
+        writer.add_scalar("eval/hexagent_req99", float(np.mean(ref)), global_step)
     writer.close()
     if ep_req99:
         print(f"training episodes: {len(ep_req99)}, mean req99 {np.mean(ep_req99):.3f}")

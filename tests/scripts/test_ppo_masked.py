@@ -24,12 +24,17 @@ def _restore_torch_threads():
     torch.set_num_threads(threads)
 
 
-def _scalars(run_dir: str) -> dict[str, list[float]]:
+def _events(run_dir: str) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) of every scalar event, by tag."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     acc = EventAccumulator(run_dir)
     acc.Reload()
-    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _scalars(run_dir: str) -> dict[str, list[float]]:
+    return {tag: [v for _, v in events] for tag, events in _events(run_dir).items()}
 
 
 def test_tiny_run_updates_logs_and_evaluates(tmp_path):
@@ -46,6 +51,22 @@ def test_tiny_run_updates_logs_and_evaluates(tmp_path):
         assert tag in scalars, f"{tag} missing from {sorted(scalars)}"
     assert len(scalars["losses/policy_loss"]) == 2  # one point per update
     assert scalars["charts/req99"] == pytest.approx(out["episode_req99"])
+    events = _events(out["run_dir"])
+    # every scalar's x is the global env step: updates at 64 and 128 env steps (2 envs x 32)
+    assert [step for step, _ in events["losses/policy_loss"]] == [64, 128]
+    # the evaluation sits at the env steps taken (128), not at the eval seed (0)
+    assert events["eval/req99"] == [(128, pytest.approx(out["eval_req99"][0]))]
+    assert events["eval/hexagent_req99"] == [(128, pytest.approx(out["hexagent_req99"][0]))]
+    assert all(0 < step <= 128 for step, _ in events["charts/req99"])
+
+
+def test_eval_over_several_seeds_is_one_mean_point_at_the_global_step(tmp_path):
+    out = ppo_masked.train(ppo_masked.Args(**{**TINY, "eval_seeds": "1,4", "total_timesteps": 64},
+                                           logdir=str(tmp_path)))
+    assert out["global_step"] == 64 and len(out["eval_req99"]) == 2
+    events = _events(out["run_dir"])
+    assert events["eval/req99"] == [(64, pytest.approx(sum(out["eval_req99"]) / 2))]
+    assert events["eval/hexagent_req99"] == [(64, pytest.approx(sum(out["hexagent_req99"]) / 2))]
 
 
 def test_same_seed_same_run(tmp_path):
