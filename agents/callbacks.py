@@ -91,26 +91,70 @@ def read_scalars(logdir: str | Path) -> dict[str, tuple[np.ndarray, np.ndarray]]
             for tag in acc.Tags()["scalars"]}
 
 
-def plot_scalars(logdir: str | Path, out: str | Path,
-                 panels: Sequence[tuple[str, Sequence[str]]] = DEFAULT_PANELS) -> Path:
-    """Export TensorBoard scalars of a run as one PNG, one panel per (title, tags)."""
+# x units of the tags not logged at the env step: agents/training/warmstart.py logs the imitation
+# stages before any env step, bc/* at epoch + 1 and dagger/* at round + 1
+STEP_UNITS = (("bc/", "BC epoch"), ("dagger/", "DAgger round"))
+ENV_STEPS = "env steps"
+
+
+def step_unit(tag: str) -> str:
+    """What a tag's TensorBoard step counts: :data:`STEP_UNITS`, else env steps."""
+    return next((unit for prefix, unit in STEP_UNITS if tag.startswith(prefix)), ENV_STEPS)
+
+
+def scalars_figure(logdir: str | Path,
+                   panels: Sequence[tuple[str, Sequence[str]] | tuple[str, Sequence[str], str]]
+                   = DEFAULT_PANELS) -> Any:
+    """A matplotlib figure of a run's TensorBoard scalars, one panel per ``(title, tags)`` or
+    ``(title, tags, x label)``.
+
+    Each line's x data are the scalar events' own steps (never their index). A panel's x label
+    is the given one, else the tags' step units joined (:func:`step_unit`: env steps unless the
+    tag is logged per epoch or round). Env-step axes get engineering ticks (``20k``, ``1.5M``),
+    per-epoch axes integer ticks, at most 5 either way, so labels do not collide at the figure's
+    width. The y label names the scalar: the tags' last path components, joined by " / "
+    (``eval/req99`` and ``hexagent/req99`` share ``req99``). Tags missing from the run are
+    skipped. The caller closes the figure.
+    """
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter, MaxNLocator
 
     data = read_scalars(logdir)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), squeeze=False)
-    for ax, (title, tags) in zip(axes[0], panels, strict=True):
+    for ax, panel in zip(axes[0], panels, strict=True):
+        title, tags = panel[0], tuple(panel[1])
+        units = list(dict.fromkeys(step_unit(t) for t in tags))
+        xlabel = panel[2] if len(panel) > 2 else " / ".join(units)
         for tag in tags:
             if tag in data:
                 steps, values = data[tag]
                 ax.plot(steps, values, marker="." if len(steps) < 40 else None, label=tag)
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("env steps")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(" / ".join(dict.fromkeys(t.rsplit("/", 1)[-1] for t in tags)))
+        if units == [ENV_STEPS]:
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]))
+            ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        else:  # epochs and rounds are whole numbers
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.lines:
+            ax.legend(fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def plot_scalars(logdir: str | Path, out: str | Path,
+                 panels: Sequence[tuple[str, Sequence[str]] | tuple[str, Sequence[str], str]]
+                 = DEFAULT_PANELS) -> Path:
+    """Export TensorBoard scalars of a run as one PNG (:func:`scalars_figure`); returns ``out``
+    (its folder is created)."""
+    import matplotlib.pyplot as plt
+
+    fig = scalars_figure(logdir, panels)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
