@@ -36,6 +36,14 @@ decode instance (a transfer's destination; ``Span.source`` is its prefill instan
 
 
 
+def _micros(ns: int) -> float:
+    """Integer nanoseconds as microseconds: the float nearest ``ns / 1000`` (one correctly
+    rounded division), which JSON writes as that exact 3-decimal number (the shortest repr;
+    exact while the number has at most 15 significant digits, i.e. below about 10^6 simulated
+    seconds)."""
+    return ns / 1000
+
+
 class Span(NamedTuple):
     """One interval of one call on one instance (simulated seconds, ``start <= end``).
 
@@ -203,6 +211,12 @@ class Timeline:
         each as spans overlap. Spans are complete events (``"ph": "X"``) named after their
         workflow (so a workflow keeps one colour), with their kind as category and ``ts``/``dur``
         in microseconds of simulated time; ``args`` carry workflow, call and tokens.
+
+        ``ts`` and ``dur`` are whole nanoseconds written as microseconds (3 decimals): each span's
+        start and end are rounded to integer nanoseconds first and ``dur`` is their difference,
+        so ``ts + dur`` is exactly the rounded end (in decimal, as written). Spans that touch in
+        simulated time touch exactly in the trace, and spans that do not overlap in simulated
+        time never overlap on a track (rounding is monotonic).
         """
         P = len(self.prefill)
         events: list[dict[str, Any]] = []
@@ -239,9 +253,10 @@ class Timeline:
                 args["to"] = self.lane_name("decode", s.instance)
             if s.riders:
                 args["riders"] = list(s.riders)
+            # rounding ts and dur separately could put ts + dur 1 ns past the next span's ts
+            start_ns, end_ns = round(s.start * 1e9), round(s.end * 1e9)
             events.append({"name": f"w{s.workflow} {s.workflow_id}", "cat": s.kind, "ph": "X",
-                           "ts": round(s.start * 1e6, 3),
-                           "dur": round((s.end - s.start) * 1e6, 3),
+                           "ts": _micros(start_ns), "dur": _micros(end_ns - start_ns),
                            "pid": pid, "tid": tid, "args": args})
         return {"traceEvents": events, "displayTimeUnit": "ms",
                 "otherData": {"clock": "simulated time (ts, dur in microseconds)", **self.meta}}
