@@ -64,6 +64,17 @@ class WorkflowSpec:
     """1-based line of the trace file this workflow came from (0 when built in code)."""
     block_tokens: int = DEFAULT_BLOCK_TOKENS
     """Tokens per prompt block of the calls' ``blocks``."""
+    app_id: str = ""
+    """The application id a client sends with the request (docs/horizons.md): the trace's own
+    ``app_id`` key, else ``<source>/<meta.category>`` (BFCL), else the ``source`` the file
+    names (``lats``, ``sharegpt``), ``mooncake``, ``bailian/<type>``; "" when unknown."""
+    prefix_key: str = ""
+    """Identity of the workflow's system prompt (BFCL's ``meta.system_prefix_key``): visible in
+    the first prompt; "" when the trace has none."""
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """The trace's ``meta`` object as loaded (never modified). Most of it describes the
+    workflow's future (turns, tool errors): schedulers read only ``app_id`` and ``prefix_key``
+    (docs/horizons.md lists what is visible when)."""
 
 
 def _where(source: str, line: int) -> str:

@@ -230,7 +230,7 @@ def _parse_mooncake(text: str, source: str, name: str) -> tuple[WorkflowSpec, ..
                         tool_latency_s=0.0, kind="request", blocks=blocks, own_hit=0)
         workflows.append(WorkflowSpec(workflow_id=f"{name}/{index}", source="mooncake",
                                       calls=(call,), arrival_s=ts / 1000.0, line=line,
-                                      block_tokens=block))
+                                      block_tokens=block, app_id="mooncake"))
     return tuple(workflows)
 
 
@@ -298,5 +298,5 @@ def _parse_bailian(text: str, source: str, name: str) -> tuple[WorkflowSpec, ...
             for i, (cid, p, n_in, n_out, tool, kind, blocks, _) in enumerate(rows))
         workflows.append(WorkflowSpec(workflow_id=f"{name}/{root}", source="bailian",
                                       calls=calls, arrival_s=arrival, line=line,
-                                      block_tokens=block))
+                                      block_tokens=block, app_id=f"bailian/{rows[0][5]}"))
     return tuple(workflows)

@@ -51,6 +51,16 @@ def parse_workflow_object(obj: Any, source: str, line: int, default_source: str,
         _fail(source, line, "source", f"must be a string, got {wf_source!r}",
               "e.g. \"lats\", or leave it out")
 
+    meta = obj.get("meta", {})
+    if meta is None:
+        meta = {}
+    if not isinstance(meta, dict):
+        _fail(source, line, "meta", f"must be an object, got {type(meta).__name__}",
+              "e.g. {\"category\": \"simple\"}, or leave it out")
+    app_id = _app_id(obj, meta, wf_source if "source" in obj else "", source, line)
+    prefix_key = meta.get("system_prefix_key", "")
+    prefix_key = "" if prefix_key is None else str(prefix_key)
+
     arrival = obj.get("arrival_s")
     if arrival is not None:
         if (isinstance(arrival, bool) or not isinstance(arrival, int | float)
@@ -111,7 +121,23 @@ def parse_workflow_object(obj: Any, source: str, line: int, default_source: str,
         for i, (cid, n_in, n_out, tool, kind) in enumerate(fields)
     )
     return WorkflowSpec(workflow_id=workflow_id, source=wf_source, calls=calls, arrival_s=arrival,
-                        line=line, block_tokens=block)
+                        line=line, block_tokens=block, app_id=app_id, prefix_key=prefix_key,
+                        meta=meta)
+
+
+def _app_id(obj: dict, meta: dict, named_source: str, source: str, line: int) -> str:
+    """The workflow's application id: its ``app_id`` key, else ``<source>/<meta.category>``,
+    else the ``source`` the file names ("" when the file names none)."""
+    if "app_id" in obj:
+        value = obj["app_id"]
+        if not isinstance(value, str):
+            _fail(source, line, "app_id", f"must be a string, got {value!r}",
+                  "e.g. \"my-agent\", or leave it out")
+        return value
+    category = meta.get("category")
+    if isinstance(category, str) and category and named_source:
+        return f"{named_source}/{category}"
+    return named_source
 
 
 def _positive_int(value: Any) -> bool:
