@@ -37,6 +37,7 @@ from hexagent_gym.entities import (
     Workflow,
 )
 from hexagent_gym.events import EventQueue, Phase
+from hexagent_gym.horizon_predictors import HorizonPredictor, HorizonTracker
 from hexagent_gym.instance_flow import InstanceFlow
 from hexagent_gym.metrics import EpisodeResult, WorkflowRecord
 from hexagent_gym.plan_flow import PlanFlow
@@ -93,7 +94,8 @@ class Engine(InstanceFlow, PlanFlow):
                  parallel_sampling: bool = True, length_predictor: Any = "oracle",
                  length_predictor_params: Mapping[str, Any] | None = None,
                  decode_admission: str = "predicted", free_decode_calls: bool = True,
-                 record_timeline: bool = False, checked_specs: set[int] | None = None) -> None:
+                 record_timeline: bool = False, checked_specs: set[int] | None = None,
+                 horizon_predictor: HorizonPredictor | None = None) -> None:
         if not 0.0 <= estimation_error < 1.0:
             raise ValueError(f"estimation_error must be in [0, 1), got {estimation_error}")
         if planning_latency != "measured" and not (
@@ -121,6 +123,9 @@ class Engine(InstanceFlow, PlanFlow):
         self.caches = build_caches(cluster, prefix_cache_tokens, self.block_tokens) \
             if prefix_cache else None
         self.horizons = horizons  # H_w per workflow spec (``get``), or None: ratios of 1
+        # Ĥ_w forecasts, refreshed at each decision point for the workflows it shows
+        self.horizon_tracker = (HorizonTracker(horizon_predictor)
+                                if horizon_predictor is not None else None)
         self.workload = workload
         # checked_specs: ids of workflow specs that passed these checks for this cluster and
         # serving options (the caller keeps the specs alive: an EpisodeFactory and its trace);
@@ -229,6 +234,8 @@ class Engine(InstanceFlow, PlanFlow):
             if phase == schedule:
                 dp = self._open_decision(payload)
                 if dp is not None:
+                    if self.horizon_tracker is not None:
+                        self.horizon_tracker.refresh(self.finished, dp.calls)
                     self._pending = dp
                     self._wall += time.perf_counter() - t0
                     return dp

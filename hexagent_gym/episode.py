@@ -9,6 +9,7 @@ grid), which must validate them.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -20,6 +21,7 @@ from hexagent_gym.arrivals import EpisodeWorkload, sample_episode
 from hexagent_gym.cluster import ClusterSpec, load_cluster
 from hexagent_gym.config import ConfigError, load_named
 from hexagent_gym.horizon import HorizonCache
+from hexagent_gym.horizon_predictors import HorizonPredictor, RowCollector, make_horizon_predictor
 from hexagent_gym.load import offered_load, rate_for_load
 from hexagent_gym.planner import ClusterTables
 from hexagent_gym.predictors import predictor_from_config
@@ -59,6 +61,14 @@ class EpisodeConfig:
         record_timeline: record every instance interval of the episode; its result then carries
             a ``timeline`` (Chrome trace, Gantt: docs/timelines.md). Observes only: every result
             is the same with it on or off.
+        workflow_split: ``all`` the trace's workflows, or the ``train`` / ``eval`` half
+            (:func:`split_of`, by a hash of the workflow id: the halves never share a workflow).
+        horizon_predictor: forecast of each workflow's final horizon written to
+            ``Workflow.h_pred`` (``hexagent_gym.horizon_predictors``: ``none``, ``app-mean``,
+            ``learned``, ``oracle`` — a bound); ``hexagent-horizon`` and the env read it.
+        horizon_predictor_params: ``learned``'s parameters (a mapping; None = defaults).
+        horizon_warm_start: episodes of the ``train`` half the predictor learns from before
+            the first episode (0: online only). Needs ``workflow_split: eval``.
     """
 
     cluster: str = "hetero-1"
@@ -79,6 +89,10 @@ class EpisodeConfig:
     decode_admission: str = "predicted"
     free_decode_calls: bool = True
     record_timeline: bool = False
+    workflow_split: str = "all"
+    horizon_predictor: str = "none"
+    horizon_predictor_params: Mapping[str, Any] | tuple | None = None
+    horizon_warm_start: int = 0
 
     def __post_init__(self) -> None:
         src = "episode config"
@@ -130,6 +144,35 @@ class EpisodeConfig:
         if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
             raise ConfigError(f"{src}: prefix_block_tokens must be an integer >= 1 or null (512), "
                               f"got {b!r}")
+        self._check_horizon_settings(src)
+
+    def _check_horizon_settings(self, src: str) -> None:
+        if self.workflow_split not in WORKFLOW_SPLITS:
+            raise ConfigError(f"{src}: workflow_split must be one of {', '.join(WORKFLOW_SPLITS)}"
+                              f", got {self.workflow_split!r}")
+        params = self.horizon_predictor_params
+        if isinstance(params, Mapping):
+            object.__setattr__(self, "horizon_predictor_params", tuple(sorted(params.items())))
+        elif params is not None and not isinstance(params, tuple):
+            raise ConfigError(f"{src}: horizon_predictor_params must be a mapping or null, got "
+                              f"{params!r}")
+        try:
+            make_horizon_predictor(self.horizon_predictor, **dict(self.horizon_predictor_params
+                                                                  or ()))
+        except ValueError as exc:
+            raise ConfigError(f"{src}: horizon_predictor: {exc}") from None
+        w = self.horizon_warm_start
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise ConfigError(f"{src}: horizon_warm_start must be an integer >= 0 (training "
+                              f"episodes), got {w!r}")
+        if w and self.horizon_predictor not in ("app-mean", "learned"):
+            raise ConfigError(f"{src}: horizon_warm_start needs a predictor that learns "
+                              f"(app-mean or learned), not {self.horizon_predictor!r}")
+        if w and self.workflow_split != "eval":
+            raise ConfigError(f"{src}: horizon_warm_start learns from the train half of the "
+                              f"trace, so the episodes must come from the other half: set "
+                              f"workflow_split: eval (got {self.workflow_split!r}, which "
+                              f"overlaps the training workflows)")
 
     @property
     def predictor_params(self) -> dict[str, Any]:
@@ -138,6 +181,34 @@ class EpisodeConfig:
 
     def replace(self, **changes: Any) -> EpisodeConfig:
         return dataclasses.replace(self, **changes)
+
+
+WORKFLOW_SPLITS = ("all", "train", "eval")
+WARM_START_SEED = 1_000_003
+"""Seed of the first warm-start episode (the next ones count up): fixed, so every cell of a
+factory learns from the same training episodes."""
+
+
+def split_of(workflow_id: str) -> str:
+    """``train`` or ``eval``: the half of a trace a workflow belongs to, by the CRC-32 of its
+    id (stable across runs, machines and traces: a workflow of the Mixed trace falls in the
+    same half as in its own trace)."""
+    return "train" if zlib.crc32(workflow_id.encode()) % 2 == 0 else "eval"
+
+
+def split_trace(trace: Trace, split: str) -> Trace:
+    """``trace`` itself (``all``) or the sub-trace of one half (:func:`split_of`).
+
+    Raises:
+        ConfigError: the half holds no workflow.
+    """
+    if split == "all":
+        return trace
+    kept = tuple(w for w in trace.workflows if split_of(w.workflow_id) == split)
+    if not kept:
+        raise ConfigError(f"workflow_split: the {split} half of trace '{trace.name}' is empty "
+                          f"(its {len(trace.workflows)} workflow(s) all fall in the other half)")
+    return dataclasses.replace(trace, name=f"{trace.name}[{split}]", workflows=kept)
 
 
 EPISODE_KEYS = tuple(f.name for f in fields(EpisodeConfig))
@@ -175,12 +246,14 @@ class EpisodeFactory:
     def __init__(self, config: EpisodeConfig) -> None:
         self.config = config
         self.cluster: ClusterSpec = load_cluster(config.cluster)
-        self.trace: Trace = load_trace(config.trace, config.prefix_block_tokens)
+        self.trace: Trace = split_trace(load_trace(config.trace, config.prefix_block_tokens),
+                                        config.workflow_split)
         self.tables = ClusterTables(self.cluster)
         self.horizons = HorizonCache(self.cluster, self.tables, **self.serving)
         # ids of the trace's workflow specs whose KV demand and group width an episode checked
         # (the trace keeps them alive): later episodes skip them
         self._checked_specs: set[int] = set()
+        self._horizon_predictor: HorizonPredictor | None = None  # warm-started once
         if config.arrival_rate is not None:
             self.arrival_rate: float | None = float(config.arrival_rate)
         elif config.load is not None:
@@ -210,6 +283,33 @@ class EpisodeFactory:
             self.horizons.get(spec)
         return len(self.horizons)
 
+    def horizon_predictor(self) -> HorizonPredictor | None:
+        """The episode's horizon predictor, built (and warm-started) once per factory; each
+        simulator gets a ``fresh()`` copy. None for ``none``."""
+        cfg = self.config
+        if cfg.horizon_predictor == "none":
+            return None
+        if self._horizon_predictor is None:
+            warm = None
+            if cfg.horizon_warm_start:
+                warm = {"rows": self._warm_start_rows(cfg.horizon_warm_start)}
+            self._horizon_predictor = make_horizon_predictor(
+                cfg.horizon_predictor, warm, **dict(cfg.horizon_predictor_params or ()))
+        return self._horizon_predictor.fresh()
+
+    def _warm_start_rows(self, episodes: int) -> list[tuple[str, list[float], float]]:
+        """Training rows from ``episodes`` episodes of the train half served by the core's
+        fallback, with this config's cluster, load and serving options."""
+        train = EpisodeFactory(self.config.replace(workflow_split="train",
+                                                   horizon_predictor="none",
+                                                   horizon_predictor_params=None,
+                                                   horizon_warm_start=0))
+        collector = RowCollector()
+        for i in range(episodes):
+            sim = train.simulator(WARM_START_SEED + i, horizon_predictor=collector)
+            sim.run(close=True)
+        return collector.rows
+
     def workload(self, seed: int) -> tuple[EpisodeWorkload, np.random.Generator]:
         """Sample the episode's workflows and arrivals; returns the generator for the rest."""
         rng = np.random.default_rng(seed)
@@ -217,10 +317,11 @@ class EpisodeFactory:
         return work, rng
 
     def simulator(self, seed: int | None = None, decisions: bool = True,
-                  record_timeline: bool | None = None) -> Simulator:
+                  record_timeline: bool | None = None,
+                  horizon_predictor: HorizonPredictor | None = None) -> Simulator:
         """A fresh simulator for one episode (``seed`` defaults to the config's,
         ``record_timeline`` to the config's: pass True to record one episode of a factory
-        built without it, sharing its caches)."""
+        built without it, sharing its caches; ``horizon_predictor`` to the config's)."""
         cfg = self.config
         if record_timeline is None:
             record_timeline = cfg.record_timeline
@@ -234,4 +335,7 @@ class EpisodeFactory:
                          decode_admission=cfg.decode_admission,
                          free_decode_calls=cfg.free_decode_calls,
                          record_timeline=record_timeline, checked_specs=self._checked_specs,
+                         horizon_predictor=(horizon_predictor if horizon_predictor is not None
+                                            else self.horizon_predictor() if decisions
+                                            else None),
                          **self.serving)

@@ -70,6 +70,10 @@ class Simulator(Engine):
             options (``EpisodeFactory`` does): ids of workflow specs whose KV demand and sample
             group width already passed the start-of-episode checks; only the others are
             checked, then added. The caller keeps those specs alive (ids are reused otherwise).
+        horizon_predictor: a :class:`~hexagent_gym.horizon_predictors.HorizonPredictor` (one
+            per episode: ``fresh()``) whose forecasts Ĥ_w the simulator writes to
+            ``Workflow.h_pred`` at every decision point for the workflows it shows
+            (docs/horizons.md); None: no forecasts (``h_pred`` stays 0).
     """
 
     def __init__(self, cluster: ClusterSpec, workload: EpisodeWorkload, *,

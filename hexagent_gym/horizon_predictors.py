@@ -1,0 +1,337 @@
+"""Workflow-horizon predictors: Ĥ_w, a forecast of a workflow's final standalone horizon H_w
+from what a serving front end may know (docs/horizons.md).
+
+HexAgent's running horizon H_w(t) covers the calls revealed so far, so early in a multi-turn
+workflow it is a small fraction of H_w (the metric's denominator). A predictor forecasts H_w
+from the workflow's declared identity (application id, first prompt), its progress (calls
+revealed and done, H_w(t) itself) and the history of workflows that finished earlier in the
+episode (their true H_w is the label). It never reads a workflow's unrevealed calls or true
+output lengths, except ``oracle``, a bound.
+
+Names (:data:`HORIZON_PREDICTORS`):
+
+- ``none``: no forecast (Ĥ = 0, so ``max(H_w(t), Ĥ)`` is the paper's H_w(t));
+- ``oracle``: the true final H_w (a bound, never a default);
+- ``app-mean``: the geometric mean of the finished workflows' H_w with the same application
+  id (else of all finished workflows; 0 before any finished);
+- ``learned``: a LightGBM regressor of log H_w over :data:`FEATURES`, refitted online as
+  finished workflows accumulate and optionally warm-started from a training split's episodes
+  (:func:`collect_rows`); ``app-mean`` answers until its first fit.
+
+The simulator asks at decision points only (:class:`HorizonTracker`), for the workflows with
+calls waiting whose progress changed, and writes the forecast to ``Workflow.h_pred``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hexagent_gym.config import suggest
+
+if TYPE_CHECKING:
+    from hexagent_gym.entities import Workflow
+
+HORIZON_PREDICTORS = ("none", "oracle", "app-mean", "learned")
+FEATURES = ("app", "first_prompt_tokens", "source_calls", "revealed", "done", "h_running",
+            "h_done")
+"""What ``learned`` reads per workflow, in order: the application id (a category), the first
+prompt's tokens and the number of calls visible at arrival (declared at arrival); calls revealed
+and calls done, the running horizon H_w(t) and its part fixed by finished calls (progress)."""
+UNKNOWN_APP = -1.0
+
+
+def workflow_features(wf: Workflow, app_code: float) -> list[float]:
+    """The :data:`FEATURES` row of ``wf`` now (``app_code``: its application's category code)."""
+    spec = wf.spec
+    first = spec.calls[0]
+    sources = sum(1 for c in spec.calls if not c.parents)
+    return [app_code, float(first.input_tokens), float(sources),
+            float(wf.num_done + len(wf.open_calls)), float(wf.num_done), wf.h_est, wf.h_est_done]
+
+
+class HorizonPredictor:
+    """``none``: no forecast. The base of every predictor: per-episode state is reset by
+    :meth:`fresh`; :meth:`learn` takes finished workflows in finish order, each with the feature
+    rows recorded while it ran; :meth:`predict` answers for (workflow, feature row) pairs."""
+
+    name = "none"
+    version = 0
+    """Changes whenever :meth:`predict` may answer differently for the same rows (it learned):
+    the tracker then forecasts every shown workflow again."""
+
+    def fresh(self) -> HorizonPredictor:
+        """A copy for a new episode: warm-start knowledge kept, the episode's own dropped."""
+        return self
+
+    def app_code(self, app_id: str) -> float:
+        """The category code of an application id (assigned in first-seen order)."""
+        return UNKNOWN_APP
+
+    def learn(self, finished: Sequence[tuple[Workflow, list[list[float]]]]) -> None:
+        """Take workflows that finished (their ``horizon`` is the label)."""
+
+    def predict(self, rows: Sequence[tuple[Workflow, list[float]]]) -> list[float]:
+        """Ĥ in seconds per (workflow, feature row); 0.0 means no forecast."""
+        return [0.0] * len(rows)
+
+
+class OraclePredictor(HorizonPredictor):
+    """The true final H_w: what a perfect predictor gives (a bound, not implementable)."""
+
+    name = "oracle"
+
+    def predict(self, rows: Sequence[tuple[Workflow, list[float]]]) -> list[float]:
+        return [wf.horizon for wf, _ in rows]
+
+
+class AppMeanPredictor(HorizonPredictor):
+    """Online geometric mean of finished workflows' H_w per application id.
+
+    Args:
+        warm: (app id, H_w) pairs of a training split, counted before the episode's own.
+    """
+
+    name = "app-mean"
+
+    def __init__(self, warm: Sequence[tuple[str, float]] = ()) -> None:
+        self._warm = _log_sums(warm)
+        self._sums = {k: list(v) for k, v in self._warm.items()}
+
+    def fresh(self) -> AppMeanPredictor:
+        new = AppMeanPredictor.__new__(AppMeanPredictor)
+        new._warm = self._warm
+        new._sums = {k: list(v) for k, v in self._warm.items()}
+        return new
+
+    def learn(self, finished: Sequence[tuple[Workflow, list[list[float]]]]) -> None:
+        for wf, _ in finished:
+            if wf.horizon > 0.0:
+                _add(self._sums, wf.spec.app_id, math.log(wf.horizon))
+                self.version += 1
+
+    def estimate(self, app_id: str) -> float:
+        """The geometric mean for ``app_id``, else over every application, else 0.0."""
+        hit = self._sums.get(app_id) or self._sums.get(None)
+        return math.exp(hit[0] / hit[1]) if hit else 0.0
+
+    def predict(self, rows: Sequence[tuple[Workflow, list[float]]]) -> list[float]:
+        return [self.estimate(wf.spec.app_id) for wf, _ in rows]
+
+
+def _add(sums: dict[Any, list[float]], key: str, value: float) -> None:
+    for k in (key, None):  # None: every application together
+        s = sums.setdefault(k, [0.0, 0])
+        s[0] += value
+        s[1] += 1
+
+
+def _log_sums(pairs: Sequence[tuple[str, float]]) -> dict[Any, list[float]]:
+    sums: dict[Any, list[float]] = {}
+    for app, h in pairs:
+        if h > 0.0:
+            _add(sums, app, math.log(h))
+    return sums
+
+
+class LearnedPredictor(HorizonPredictor):
+    """A LightGBM regressor of log H_w over :data:`FEATURES`, deterministic (one thread).
+
+    Args:
+        warm_rows: (app id, feature row without the app code, H_w) of a training split
+            (:func:`collect_rows`); fitted once here, kept by :meth:`fresh`.
+        quantile: fit this quantile of log H_w (pinball loss); None: the mean (L2).
+        refit_at: finished-workflow counts of the episode at which the model is refitted on the
+            warm rows plus the episode's own (each count once).
+        rounds, leaves, learning_rate, min_leaf: LightGBM's boosting rounds, leaves per tree,
+            shrinkage and minimum rows per leaf.
+    """
+
+    name = "learned"
+
+    def __init__(self, warm_rows: Sequence[tuple[str, list[float], float]] = (), *,
+                 quantile: float | None = 0.5, refit_at: Sequence[int] = (32, 64, 128, 256, 512),
+                 rounds: int = 80, leaves: int = 15, learning_rate: float = 0.1,
+                 min_leaf: int = 10) -> None:
+        if quantile is not None and not 0.0 < quantile < 1.0:
+            raise ValueError(f"quantile must be in (0, 1) or None (the mean), got {quantile!r}")
+        if any(not isinstance(n, int) or n < 1 for n in refit_at):
+            raise ValueError(f"refit_at must list finished-workflow counts >= 1, got {refit_at!r}")
+        self.quantile = quantile
+        self.refit_at = tuple(sorted(set(refit_at)))
+        self.params = {"objective": "regression" if quantile is None else "quantile",
+                       "num_leaves": leaves, "learning_rate": learning_rate,
+                       "min_data_in_leaf": min_leaf, "num_threads": 1, "deterministic": True,
+                       "force_row_wise": True, "verbose": -1, "seed": 0}
+        if quantile is not None:
+            self.params["alpha"] = quantile
+        self.rounds = rounds
+        self._codes: dict[str, float] = {}
+        warm = [(app, row, h) for app, row, h in warm_rows if h > 0.0]
+        self._warm_x = [[self.app_code(app), *row] for app, row, _ in warm]
+        self._warm_y = [math.log(h) for _, _, h in warm]
+        self._fallback = AppMeanPredictor([(app, h) for app, _, h in warm])
+        self._warm_model = self._fit(self._warm_x, self._warm_y)
+        self._reset_episode()
+
+    def _reset_episode(self) -> None:
+        self._model = self._warm_model
+        self._x: list[list[float]] = []
+        self._y: list[float] = []
+        self._finished = 0
+        self._next_refit = 0
+        self._episode_fallback = self._fallback.fresh()
+        self.version = 0
+
+    def fresh(self) -> LearnedPredictor:
+        new = LearnedPredictor.__new__(LearnedPredictor)
+        new.__dict__.update(self.__dict__)
+        new._codes = dict(self._codes)
+        new._reset_episode()
+        return new
+
+    def app_code(self, app_id: str) -> float:
+        code = self._codes.get(app_id)
+        if code is None:
+            code = self._codes[app_id] = float(len(self._codes))
+        return code
+
+    def _fit(self, x: list[list[float]], y: list[float]) -> Any:
+        if len(y) < 2 * self.params["min_data_in_leaf"]:
+            return None
+        import lightgbm  # only episodes that learn horizons pay for the import
+
+        data = lightgbm.Dataset(np.asarray(x, dtype=np.float64), np.asarray(y),
+                                categorical_feature=[0], free_raw_data=True,
+                                params={"verbose": -1})
+        return lightgbm.train(self.params, data, num_boost_round=self.rounds)
+
+    def learn(self, finished: Sequence[tuple[Workflow, list[list[float]]]]) -> None:
+        self._episode_fallback.learn(finished)
+        if self._model is None:
+            self.version = self._episode_fallback.version
+        for wf, rows in finished:
+            if wf.horizon > 0.0:
+                label = math.log(wf.horizon)
+                self._x.extend(rows)
+                self._y.extend([label] * len(rows))
+        self._finished += len(finished)
+        refit = False
+        while (self._next_refit < len(self.refit_at)
+               and self._finished >= self.refit_at[self._next_refit]):
+            self._next_refit += 1
+            refit = True
+        if refit:
+            model = self._fit(self._warm_x + self._x, self._warm_y + self._y)
+            if model is not None:
+                self._model = model
+                self.version += 1
+
+    def predict(self, rows: Sequence[tuple[Workflow, list[float]]]) -> list[float]:
+        if self._model is None:
+            return self._episode_fallback.predict(rows)
+        out = self._model.predict(np.asarray([r for _, r in rows], dtype=np.float64),
+                                  num_threads=1)
+        return [math.exp(v) for v in out.tolist()]
+
+
+def make_horizon_predictor(name: str, warm: Mapping[str, Any] | None = None,
+                           **params: Any) -> HorizonPredictor:
+    """A predictor by name (:data:`HORIZON_PREDICTORS`).
+
+    Args:
+        name: the predictor.
+        warm: training-split data for ``app-mean`` and ``learned`` (``{"rows": [...]}``, rows
+            as :func:`collect_rows` returns them); None: online only.
+        **params: ``learned``'s keyword arguments (:class:`LearnedPredictor`).
+
+    Raises:
+        ValueError: unknown name (with the closest known one), or parameters the predictor
+            does not take.
+    """
+    rows = list((warm or {}).get("rows", ()))
+    if name not in HORIZON_PREDICTORS:
+        raise ValueError(f"unknown horizon predictor {name!r}; known: "
+                         f"{', '.join(HORIZON_PREDICTORS)}.{suggest(name, HORIZON_PREDICTORS)}")
+    if params and name != "learned":
+        raise ValueError(f"the {name} horizon predictor takes no parameters, got "
+                         f"{', '.join(sorted(params))}")
+    if name == "none":
+        return HorizonPredictor()
+    if name == "oracle":
+        return OraclePredictor()
+    if name == "app-mean":
+        return AppMeanPredictor([(app, h) for app, _, h in rows])
+    try:
+        return LearnedPredictor(rows, **params)
+    except TypeError as exc:
+        raise ValueError(f"learned horizon predictor: {exc}") from None
+
+
+class HorizonTracker:
+    """Keeps ``Workflow.h_pred`` current for the workflows a decision shows (one per episode).
+
+    At each :meth:`refresh` it first hands the predictor the workflows that finished since the
+    last one (with the feature rows recorded for them), then predicts, in one batch, for the
+    workflows among ``calls`` whose progress (calls revealed, calls done) changed since their
+    last forecast, or all of them when the predictor learned since (its ``version``). A row is
+    recorded per workflow and progress step. Only finished workflows are ever learned from, and
+    a workflow's rows are its state at decisions it took part in (what the scheduler saw).
+    """
+
+    def __init__(self, predictor: HorizonPredictor) -> None:
+        self.predictor = predictor
+        self._seen_finished = 0
+        self._progress: dict[int, tuple[int, int]] = {}
+        self._latest: dict[int, list[float]] = {}  # each workflow's latest row
+        self._version: dict[int, int] = {}  # predictor version of each workflow's forecast
+        self._rows: dict[int, list[list[float]]] = {}
+
+    def refresh(self, finished: Sequence[Workflow], calls: Sequence[Any]) -> None:
+        """Learn from ``finished[seen:]``, then forecast the changed workflows of ``calls``."""
+        predictor = self.predictor
+        if len(finished) > self._seen_finished:
+            new = finished[self._seen_finished:]
+            self._seen_finished = len(finished)
+            rows = self._rows
+            predictor.learn([(wf, rows.pop(wf.uid, [])) for wf in new])
+            for wf in new:  # never shown again: keep the tracker's memory to running ones
+                self._progress.pop(wf.uid, None)
+                self._latest.pop(wf.uid, None)
+                self._version.pop(wf.uid, None)
+        progress, latest, versions = self._progress, self._latest, self._version
+        version = predictor.version
+        stale: list[tuple[Workflow, list[float]]] = []
+        for c in calls:
+            wf = c.workflow
+            uid = wf.uid
+            key = (wf.num_done, len(wf.open_calls))
+            if progress.get(uid) != key:
+                progress[uid] = key
+                row = latest[uid] = workflow_features(wf, predictor.app_code(wf.spec.app_id))
+                self._rows.setdefault(uid, []).append(row)
+            elif versions.get(uid) == version:
+                continue
+            else:
+                row = latest[uid]
+            versions[uid] = version
+            stale.append((wf, row))
+        if stale:
+            for (wf, _), h in zip(stale, predictor.predict(stale), strict=True):
+                wf.h_pred = h
+
+
+class RowCollector(HorizonPredictor):
+    """No forecast; keeps every finished workflow's rows as training data (app id, feature row
+    without its app code, H_w): run episodes of a training split with it to warm-start
+    ``app-mean`` and ``learned`` (``EpisodeFactory.horizon_predictor``)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, list[float], float]] = []
+
+    def learn(self, finished: Sequence[tuple[Workflow, list[list[float]]]]) -> None:
+        for wf, rows in finished:
+            self.rows.extend((wf.spec.app_id, row[1:], wf.horizon) for row in rows)
