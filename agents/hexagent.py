@@ -22,19 +22,24 @@ ablation; the simulator still serves the hits, the planner just does not see the
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from hexagent_gym.agents.base import BasePolicy
 from hexagent_gym.decisions import DecisionPoint, Stage
+from hexagent_gym.horizon_predictors import HorizonTracker, make_horizon_predictor
 
 
-def projected_risk(dp: DecisionPoint, best: np.ndarray | None = None) -> np.ndarray:
+def projected_risk(dp: DecisionPoint, best: np.ndarray | None = None,
+                   horizons: np.ndarray | None = None) -> np.ndarray:
     """R(c) for every slot of ``dp`` (picked slots get −inf) from each slot's smallest Δ
-    ``best`` (n,) (default ``dp.min_delta``, under the current Ŝ)."""
+    ``best`` (n,) (default ``dp.min_delta``, under the current Ŝ) and each slot's horizon
+    ``horizons`` (n,) (default: its workflow's running horizon H_w(t), the paper's rule)."""
     if best is None:
         best = dp.min_delta
     batch = dp.batch
-    risk = ((dp.now - batch.arrival) + best) / batch.h_est
+    risk = ((dp.now - batch.arrival) + best) / (batch.h_est if horizons is None else horizons)
     risk[np.asarray(dp.picked)] = -np.inf
     return risk
 
@@ -113,7 +118,7 @@ class HexAgentPolicy(BasePolicy):
         if dp is not self._plan_of:
             self._plan_of = dp
             if not dp.plan:
-                dp.risk_plan()
+                dp.risk_plan(self.horizons(dp))
         planned = dp.planned_pick()
         return None if planned is None else planned[:3]
 
@@ -123,8 +128,9 @@ class HexAgentPolicy(BasePolicy):
         if dp is not self._inputs_of:
             self._inputs_of = dp
             self._arrival = [c.workflow.arrival for c in dp.calls]
-            self._h_est = [c.workflow.h_est for c in dp.calls]  # as CallBatch.h_est: at the
-            # decision's first ranking (nothing changes a horizon while a decision is open)
+            # as CallBatch.h_est: at the decision's first ranking (nothing changes a horizon
+            # while a decision is open)
+            self._h_est = self.horizons(dp) or [c.workflow.h_est for c in dp.calls]
         now, arrival, h_est = dp.now, self._arrival, self._h_est
         slot, top = -1, -np.inf
         for i, best in enumerate(dp.min_delta_values()):
@@ -140,15 +146,23 @@ class HexAgentPolicy(BasePolicy):
                 return self._numpy_riskiest(dp)
         return slot if slot >= 0 else self._numpy_riskiest(dp)
 
-    @staticmethod
-    def _numpy_riskiest(dp: DecisionPoint) -> int:
+    def horizons(self, dp: DecisionPoint) -> list[float] | None:
+        """The risk's denominator per slot of ``dp``; None: each workflow's running horizon
+        H_w(t) (``h_est``), the paper's rule. Constant while a decision is open."""
+        return None
+
+    def _horizon_array(self, dp: DecisionPoint) -> np.ndarray | None:
+        h = self.horizons(dp)
+        return None if h is None else np.asarray(h, dtype=np.float64)
+
+    def _numpy_riskiest(self, dp: DecisionPoint) -> int:
         with np.errstate(divide="ignore", invalid="ignore"):
-            return int(np.argmax(projected_risk(dp)))
+            return int(np.argmax(projected_risk(dp, horizons=self._horizon_array(dp))))
 
     def _one_pass_slot(self, dp: DecisionPoint) -> int:
         if dp is not self._dp:
             self._dp = dp
-            risk = projected_risk(dp)
+            risk = projected_risk(dp, horizons=self._horizon_array(dp))
             self._order = np.argsort(-risk, kind="stable").tolist()
             self._next = 0
         slot = self._order[self._next]
@@ -158,6 +172,69 @@ class HexAgentPolicy(BasePolicy):
     def __repr__(self) -> str:
         extra = "" if self.cache_aware else ", cache_aware=False"
         return f"HexAgentPolicy(one_pass_threshold={self.one_pass_threshold}{extra})"
+
+
+class HexAgentHorizon(HexAgentPolicy):
+    """HexAgent whose risk divides by ``max(H_w(t), Ĥ_w)``: the running horizon of the revealed
+    calls, or the forecast of the workflow's final horizon when that is longer
+    (``hexagent-horizon``; docs/horizons.md).
+
+    Early in a multi-turn workflow H_w(t) is a fraction of the final H_w, which inflates its
+    risk and, under long queues, pushes long workflows ahead of short ones. Ĥ_w comes from a
+    horizon predictor that sees only what a front end sees (application id, first prompt,
+    progress, finished workflows' horizons). The max keeps the paper's rule wherever the
+    forecast is shorter than what is already revealed.
+
+    Args:
+        predictor: None: the episode's forecasts (``Workflow.h_pred``, written by the
+            simulator for ``horizon_predictor`` in the episode config). A name
+            (``hexagent_gym.horizon_predictors``: ``app-mean``, ``learned``, ``oracle``): this
+            policy's own predictor, learning online within the episode only (no warm start),
+            for episodes configured without one.
+        predictor_params: ``learned``'s parameters (with ``predictor``).
+        one_pass_threshold, cache_aware: as :class:`HexAgentPolicy`.
+    """
+
+    name = "hexagent-horizon"
+
+    def __init__(self, predictor: str | None = None,
+                 predictor_params: dict[str, Any] | None = None,
+                 one_pass_threshold: int = 32, cache_aware: bool = True) -> None:
+        super().__init__(one_pass_threshold, cache_aware)
+        self.predictor = predictor
+        self.predictor_params = dict(predictor_params or {})
+        if predictor is None and self.predictor_params:
+            raise ValueError("predictor_params needs predictor (a name)")
+        self._own = (None if predictor is None
+                     else make_horizon_predictor(predictor, **self.predictor_params))
+        self._tracker: HorizonTracker | None = None
+        self._sim = None
+        self._horizons_of: DecisionPoint | None = None
+        self._horizons: list[float] = []
+
+    def reset(self, sim) -> None:
+        super().reset(sim)
+        self._sim = sim
+        self._horizons_of = None
+        self._tracker = None
+        if self._own is not None:
+            if sim.horizon_tracker is not None:
+                raise ValueError(
+                    f"hexagent-horizon(predictor={self.predictor!r}) would forecast over the "
+                    f"episode's own '{sim.horizon_tracker.predictor.name}' predictor: drop the "
+                    "policy's predictor argument or the episode's horizon_predictor")
+            self._tracker = HorizonTracker(self._own.fresh())
+
+    def horizons(self, dp: DecisionPoint) -> list[float] | None:
+        if dp is not self._horizons_of:
+            self._horizons_of = dp
+            if self._tracker is not None:
+                self._tracker.refresh(self._sim.finished, dp.calls)
+            self._horizons = [max(w.h_est, w.h_pred) for w in (c.workflow for c in dp.calls)]
+        return self._horizons
+
+    def __repr__(self) -> str:
+        return f"HexAgentHorizon(predictor={self.predictor!r})"
 
 
 class HexAgentNoCache(HexAgentPolicy):

@@ -17,6 +17,7 @@ BUILTIN_POLICIES = {
     "hexagent-search": A + "search:HexAgentSearch",  # rollout search, scheduler's knowledge
     "hexagent-search-oracle": A + "search:HexAgentSearchOracle",  # ... true future: a bound
     "hexagent-search-revealed": A + "search:HexAgentSearchRevealed",  # ... revealed calls only
+    "hexagent-horizon": A + "hexagent:HexAgentHorizon",  # risk over max(H_w(t), forecast Ĥ_w)
     "hexagent-nocache": A + "hexagent:HexAgentNoCache",  # plans with no-cache prefill times
     "hexagent-lb": A + "ablation:HexAgentLoadBalanced",  # risk order, load-balanced placement
     "fcfs": A + "baselines:CallFCFS",
