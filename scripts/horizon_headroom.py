@@ -1,0 +1,121 @@
+"""HexAgent with a forecast horizon against HexAgent, cell by cell (docs/horizons.md).
+
+For each cell (cluster, trace, size and rate) and each horizon predictor (oracle — a bound —,
+app-mean, learned), ``hexagent`` and ``hexagent-horizon`` run the same episodes (the eval half of
+the trace, paired seeds); the predictors that learn are warm-started on episodes of the train
+half. Prints each cell's Req95/Req99/mean-ratio tables (the runner's paired per-seed reduction
+with its 95% t interval) and a summary: Req99 reduction per cell and predictor, and the learned
+predictor's share of the oracle's gain.
+
+Usage:
+    python scripts/horizon_headroom.py                       # every cell, 20 seeds, 2 workers
+    python scripts/horizon_headroom.py --cells asym-bfcl --seeds 5
+    python scripts/horizon_headroom.py --no-prefix-cache     # the paper-testbed serving regime
+
+Results go to --out (default results/horizon_headroom/<cell>/), resumable with --resume.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from hexagent_gym.config import ConfigError
+from hexagent_gym.experiments import evaluate, load_experiment, report_text
+from hexagent_gym.experiments.stats import summarize
+
+CELLS: dict[str, dict[str, Any]] = {
+    # the loaded cells where HexAgent's running horizon costs the most
+    "hetero1-bfcl": dict(cluster="hetero-1", trace="bfcl_v3", num_workflows=400,
+                         arrival_rate=40.0),
+    "asym-bfcl": dict(cluster="asym-2p8d", trace="bfcl_v3", num_workflows=50, arrival_rate=40.0),
+    "homo-bfcl": dict(cluster="homo-h200-4p4d", trace="bfcl_v3", num_workflows=50,
+                      arrival_rate=40.0),
+    # the paper's other workloads at its rates: a forecast must not hurt where queues are short
+    "hetero1-lats": dict(cluster="hetero-1", trace="lats", num_workflows=100, arrival_rate=40.0),
+    "hetero1-sharegpt": dict(cluster="hetero-1", trace="sharegpt", num_workflows=100,
+                             arrival_rate=10.0),
+    "hetero2-mixed": dict(cluster="hetero-2", trace="mixed", num_workflows=100,
+                          arrival_rate=10.0),
+}
+PREDICTORS: dict[str, dict[str, Any]] = {
+    "oracle": {"horizon_predictor": "oracle"},
+    "app-mean": {"horizon_predictor": "app-mean", "horizon_warm_start": 2},
+    "learned": {"horizon_predictor": "learned", "horizon_warm_start": 2},
+}
+
+
+def experiment_of(cell: str, seeds: list[int], prefix_cache: bool) -> dict[str, Any]:
+    """The experiment mapping of one cell: predictors as variants, hexagent as the baseline."""
+    return {"name": f"horizon_{cell}", **CELLS[cell], "load": None, "workflow_split": "eval",
+            "prefix_cache": prefix_cache,
+            "grid": {"policies": ["hexagent", "hexagent-horizon"], "seeds": seeds,
+                     "variants": PREDICTORS},
+            "report": {"metrics": ["req95", "req99", "mean_ratio"],
+                       "reference": "hexagent-horizon", "baselines": ["hexagent"]}}
+
+
+def summary(rows_by_cell: dict[str, list]) -> str:
+    """Req99: hexagent's mean, each predictor's paired reduction (mean ± 95% CI, positive =
+    lower Req99), and learned's share of the oracle's gain."""
+    lines = ["| cell | seeds | hexagent Req99 | " + " | ".join(PREDICTORS)
+             + " | learned / oracle |", "|---" * (4 + len(PREDICTORS)) + "|"]
+    for cell, rows in rows_by_cell.items():
+        by = {r.variant: r for r in rows}
+        first = next(iter(by.values()))
+        base = first.stats["hexagent"]["req99"]
+        cols, gains = [], {}
+        for name in PREDICTORS:
+            st = by[name].paired.get("req99") if name in by else None
+            gains[name] = None if st is None else st.mean
+            cols.append("–" if st is None else f"{100 * st.mean:+.1f} % ± {100 * st.ci:.1f}")
+        share = ("–" if not gains.get("oracle") or gains.get("learned") is None
+                 else f"{gains['learned'] / gains['oracle']:.0%}")
+        lines.append(f"| {cell} | {base.n} | {base.mean:.2f} | " + " | ".join(cols)
+                     + f" | {share} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cells", default=",".join(CELLS),
+                        help=f"comma-separated cells (default all: {', '.join(CELLS)})")
+    parser.add_argument("--seeds", type=int, default=20, help="paired seeds per cell")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--no-prefix-cache", action="store_true",
+                        help="serve without prefix caching (the paper-testbed regime)")
+    parser.add_argument("--out", type=Path, default=Path("results/horizon_headroom"))
+    parser.add_argument("--resume", action="store_true")
+    args = parser.parse_args(argv)
+    cells = [c.strip() for c in args.cells.split(",") if c.strip()]
+    unknown = [c for c in cells if c not in CELLS]
+    if unknown or args.seeds < 2 or args.workers < 1:
+        why = (f"unknown cell(s) {', '.join(unknown)}; known: {', '.join(CELLS)}" if unknown
+               else "--seeds must be >= 2 (paired intervals) and --workers >= 1")
+        print(f"error: {why}", file=sys.stderr)
+        return 2
+    rows_by_cell = {}
+    for cell in cells:
+        try:
+            exp = load_experiment(experiment_of(cell, list(range(args.seeds)),
+                                                not args.no_prefix_cache))
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        ev = evaluate(exp, args.out / cell, resume=args.resume, workers=args.workers,
+                      progress=False)
+        print(f"## {cell}\n\n{report_text(ev)}\n", flush=True)
+        if ev.failures:
+            print(f"error: {len(ev.failures)} cell(s) of {cell} failed: "
+                  f"{args.out / cell / 'failures.jsonl'}", file=sys.stderr)
+            return 1
+        rows_by_cell[cell] = summarize(ev.records, exp.report)
+    print("## Req99 reduction of hexagent-horizon against hexagent (paired)\n")
+    print(summary(rows_by_cell))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
