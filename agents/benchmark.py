@@ -1,5 +1,6 @@
-"""Scheduler overhead of a policy (wall time per invocation on one episode) and PPO training
-throughput (``learn()`` steps/s next to CartPole-v1 in the same run)."""
+"""Scheduler overhead of a policy (wall time per invocation on one episode), the cost of
+workflow-horizon forecasts in a HexAgent rollout, and PPO training throughput (``learn()``
+steps/s next to CartPole-v1 in the same run)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,56 @@ def bench_policy(policy: str = "hexagent", trace: str = "bfcl_v3", cluster: str 
     return PolicyBench(policy, result.invocations, float(ms.mean()), float(np.median(ms)),
                        float(np.percentile(ms, 99)), result.scheduler_seconds, result.req99,
                        result.decisions / max(result.invocations, 1))
+
+
+@dataclass(frozen=True)
+class HorizonBench:
+    """What forecasting horizons adds to a HexAgent rollout (the fastest of ``repeat`` each).
+
+    Both timed rollouts run ``hexagent`` on the same episode, which ignores the forecasts, so
+    they make the same decisions and differ only by the predictor's work (features, batched
+    predictions, online refits). The warm start is a one-time cost per setting, reported apart.
+    """
+
+    predictor: str
+    num_calls: int
+    seconds_without: float  # the rollout with no predictor
+    seconds_with: float  # the same rollout forecasting every shown workflow's horizon
+    warm_start_seconds: float  # fitting on the train half's episodes, once per factory
+    req99_hexagent: float
+    req99_horizon: float  # hexagent-horizon on the same episode, for reference
+
+    @property
+    def overhead_pct(self) -> float:
+        return 100.0 * (self.seconds_with / self.seconds_without - 1.0)
+
+
+def bench_horizon(predictor: str = "learned", cluster: str = "hetero-1",
+                  trace: str = "bfcl_v3", num_workflows: int = 400, arrival_rate: float = 40.0,
+                  warm_start: int = 2, seed: int = 0, repeat: int = 3) -> HorizonBench:
+    """Time a HexAgent rollout with and without ``predictor`` (the paper's loaded rate)."""
+    base = EpisodeConfig(cluster=cluster, trace=trace, num_workflows=num_workflows,
+                         arrival_rate=arrival_rate, load=None, workflow_split="eval")
+    plain = EpisodeFactory(base)
+    forecast = EpisodeFactory(base.replace(
+        horizon_predictor=predictor,
+        horizon_warm_start=warm_start if predictor in ("app-mean", "learned") else 0))
+    t0 = time.perf_counter()
+    forecast.horizon_predictor()  # the warm start, once
+    warm = time.perf_counter() - t0
+    plain.simulator(seed).run()  # fill the standalone-horizon caches before timing
+    forecast.simulator(seed).run()
+    best = {"without": float("inf"), "with": float("inf")}
+    result = None
+    for _ in range(repeat):
+        for label, factory in (("without", plain), ("with", forecast)):
+            sim = factory.simulator(seed)
+            t0 = time.perf_counter()
+            result = run_policy(sim, make_policy("hexagent"))
+            best[label] = min(best[label], time.perf_counter() - t0)
+    horizon = run_policy(forecast.simulator(seed), make_policy("hexagent-horizon"))
+    return HorizonBench(predictor, result.num_calls, best["without"], best["with"], warm,
+                        result.req99, horizon.req99)
 
 
 @dataclass(frozen=True)

@@ -292,21 +292,24 @@ class EpisodeFactory:
         if self._horizon_predictor is None:
             warm = None
             if cfg.horizon_warm_start:
-                warm = {"rows": self._warm_start_rows(cfg.horizon_warm_start)}
+                warm = {"rows": self.horizon_rows("train", cfg.horizon_warm_start)}
             self._horizon_predictor = make_horizon_predictor(
                 cfg.horizon_predictor, warm, **dict(cfg.horizon_predictor_params or ()))
         return self._horizon_predictor.fresh()
 
-    def _warm_start_rows(self, episodes: int) -> list[tuple[str, list[float], float]]:
-        """Training rows from ``episodes`` episodes of the train half served by the core's
-        fallback, with this config's cluster, load and serving options."""
-        train = EpisodeFactory(self.config.replace(workflow_split="train",
-                                                   horizon_predictor="none",
-                                                   horizon_predictor_params=None,
-                                                   horizon_warm_start=0))
+    def horizon_rows(self, split: str, episodes: int,
+                     first_seed: int = WARM_START_SEED) -> list[tuple[str, list[float], float]]:
+        """Horizon-predictor rows (:class:`~hexagent_gym.horizon_predictors.RowCollector`) from
+        ``episodes`` episodes of one half of the trace (seeds ``first_seed``, ``+1``, ...),
+        served by the core's fallback with this config's cluster, rate and serving options:
+        the warm start's training data (``train``), or held-out rows (``eval``)."""
+        half = EpisodeFactory(self.config.replace(workflow_split=split,
+                                                  horizon_predictor="none",
+                                                  horizon_predictor_params=None,
+                                                  horizon_warm_start=0))
         collector = RowCollector()
         for i in range(episodes):
-            sim = train.simulator(WARM_START_SEED + i, horizon_predictor=collector)
+            sim = half.simulator(first_seed + i, horizon_predictor=collector)
             sim.run(close=True)
         return collector.rows
 

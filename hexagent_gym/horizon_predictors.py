@@ -233,8 +233,15 @@ class LearnedPredictor(HorizonPredictor):
     def predict(self, rows: Sequence[tuple[Workflow, list[float]]]) -> list[float]:
         if self._model is None:
             return self._episode_fallback.predict(rows)
-        out = self._model.predict(np.asarray([r for _, r in rows], dtype=np.float64),
-                                  num_threads=1)
+        return self.predict_rows([r for _, r in rows])
+
+    def predict_rows(self, rows: Sequence[list[float]]) -> list[float]:
+        """Ĥ in seconds per :data:`FEATURES` row, from the current model (one must exist)."""
+        # one thread (LightGBM's default spins up a pool per call: ~100x slower for one row);
+        # the raw score is the prediction for both objectives (identity link), and the rows
+        # are built here in FEATURES order, so the per-call checks are skipped
+        out = self._model.predict(np.asarray(rows, dtype=np.float64),
+                                  num_threads=1, raw_score=True, validate_features=False)
         return [math.exp(v) for v in out.tolist()]
 
 
@@ -335,3 +342,38 @@ class RowCollector(HorizonPredictor):
     def learn(self, finished: Sequence[tuple[Workflow, list[list[float]]]]) -> None:
         for wf, rows in finished:
             self.rows.extend((wf.spec.app_id, row[1:], wf.horizon) for row in rows)
+
+
+def offline_error(train: Sequence[tuple[str, list[float], float]],
+                  test: Sequence[tuple[str, list[float], float]],
+                  quantiles: Sequence[float] = (0.1, 0.5, 0.9),
+                  **params: Any) -> dict[str, float]:
+    """Offline accuracy of the forecasts: fit on ``train`` rows, score on ``test`` rows (both
+    as :class:`RowCollector` keeps them, e.g. the train and eval halves of a trace).
+
+    Returns:
+        ``rmse_running``, ``rmse_app_mean``, ``rmse_learned``: log-RMSE of H_w(t) itself, of
+        ``app-mean`` and of ``learned`` (median) against the true log H_w; and per quantile q
+        ``coverage_<q>``: the share of test rows whose true H_w is at most ``learned``'s q-quantile
+        forecast (calibrated: about q). ``rows``: the number of test rows.
+    """
+
+    truth = np.log([h for _, _, h in test])
+
+    def rmse(forecast: Sequence[float]) -> float:
+        return float(np.sqrt(np.mean((np.log(np.maximum(forecast, 1e-9)) - truth) ** 2)))
+
+    app_mean = AppMeanPredictor([(app, h) for app, _, h in train])
+    out = {"rows": float(len(test)),
+           "rmse_running": rmse([row[4] for _, row, _ in test]),  # h_running (rows hold no app)
+           "rmse_app_mean": rmse([app_mean.estimate(app) for app, _, _ in test])}
+    for q in sorted({0.5, *quantiles}):
+        model = LearnedPredictor(train, quantile=q, **params)
+        if model._warm_model is None:
+            raise ValueError(f"too few training rows to fit ({len(train)})")
+        pred = np.log(model.predict_rows([[model.app_code(a), *r] for a, r, _ in test]))
+        if q == 0.5:
+            out["rmse_learned"] = float(np.sqrt(np.mean((pred - truth) ** 2)))
+        if q in quantiles:
+            out[f"coverage_{q:g}"] = float(np.mean(truth <= pred))
+    return out

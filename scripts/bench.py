@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hexagent_gym.agents.benchmark import bench_policy, bench_ppo
+from hexagent_gym.agents.benchmark import bench_horizon, bench_policy, bench_ppo
 from hexagent_gym.agents.regression import (
     check,
     format_table,
@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the scaling table (whole rollouts up to 64P+64D, ~1 min)")
     parser.add_argument("--no-ppo", action="store_true",
                         help="skip PPO training throughput (MaskablePPO learn() fps, ~25 s)")
+    parser.add_argument("--no-horizon", action="store_true",
+                        help="skip the horizon-forecast overhead (two warm-started runs, ~30 s)")
     parser.add_argument("--update-baseline", action="store_true")
     parser.add_argument("--tolerance", type=float, default=0.02,
                         help="allowed relative rise of HexAgent's Req99 (default 0.02)")
@@ -76,6 +78,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ms per invocation: mean {pol.ms_mean:.3f}, median {pol.ms_median:.3f}, "
           f"p99 {pol.ms_p99:.3f}; total {pol.scheduler_seconds:.2f} s; budget 0.5 ms; "
           f"Req99 {pol.req99:.3f}")
+    if not args.no_horizon:
+        hz = bench_horizon("learned", args.cluster, args.trace, args.num_workflows,
+                           seed=args.seed, repeat=args.repeat)
+        print(f"horizon forecasts ({hz.predictor}, warm-started) in a hexagent rollout on "
+              f"{args.cluster} / {args.trace}, {args.num_workflows} workflows at 40/s "
+              f"({hz.num_calls} calls): {hz.seconds_without:.2f} s without, "
+              f"{hz.seconds_with:.2f} s with ({hz.overhead_pct:+.1f} %; budget +10 %); warm "
+              f"start {hz.warm_start_seconds:.1f} s once per setting; Req99 hexagent "
+              f"{hz.req99_hexagent:.3f}, hexagent-horizon {hz.req99_horizon:.3f}")
     tl = bench_timeline("hexagent", args.trace, args.cluster, args.num_workflows, args.load,
                         args.seed, args.repeat)
     print(f"timeline recording (hexagent rollout on {args.cluster} / {args.trace}, load "

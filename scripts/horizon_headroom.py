@@ -11,6 +11,7 @@ Usage:
     python scripts/horizon_headroom.py                       # every cell, 20 seeds, 2 workers
     python scripts/horizon_headroom.py --cells asym-bfcl --seeds 5
     python scripts/horizon_headroom.py --no-prefix-cache     # the paper-testbed serving regime
+    python scripts/horizon_headroom.py --offline             # forecast error per trace only
 
 Results go to --out (default results/horizon_headroom/<cell>/), resumable with --resume.
 """
@@ -23,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from hexagent_gym.config import ConfigError
+from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.experiments import evaluate, load_experiment, report_text
 from hexagent_gym.experiments.stats import summarize
+from hexagent_gym.horizon_predictors import offline_error
 
 CELLS: dict[str, dict[str, Any]] = {
     # the loaded cells where HexAgent's running horizon costs the most
@@ -78,6 +81,28 @@ def summary(rows_by_cell: dict[str, list]) -> str:
     return "\n".join(lines)
 
 
+OFFLINE_TRACES = {"bfcl_v3": 40.0, "lats": 40.0, "sharegpt": 10.0, "mixed": 10.0}
+"""Traces of the offline table and their paper rates (hetero-1, 100 workflows an episode)."""
+
+
+def offline_table(episodes: int, prefix_cache: bool) -> str:
+    """Forecast error per trace: fitted on ``episodes`` episodes of the train half, scored on
+    as many of the eval half (every workflow's rows at the decisions it was shown at)."""
+    lines = ["| trace | test rows | log-RMSE H_w(t) | log-RMSE app-mean | log-RMSE learned | "
+             "share of H_w ≤ q10 / q50 / q90 forecast |", "|---|---|---|---|---|---|"]
+    for trace, rate in OFFLINE_TRACES.items():
+        factory = EpisodeFactory(EpisodeConfig(cluster="hetero-1", trace=trace,
+                                               num_workflows=100, arrival_rate=rate, load=None,
+                                               prefix_cache=prefix_cache))
+        err = offline_error(factory.horizon_rows("train", episodes),
+                            factory.horizon_rows("eval", episodes, first_seed=0))
+        lines.append(f"| {trace} | {int(err['rows'])} | {err['rmse_running']:.2f} | "
+                     f"{err['rmse_app_mean']:.2f} | {err['rmse_learned']:.2f} | "
+                     f"{err['coverage_0.1']:.2f} / {err['coverage_0.5']:.2f} / "
+                     f"{err['coverage_0.9']:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cells", default=",".join(CELLS),
@@ -88,7 +113,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve without prefix caching (the paper-testbed regime)")
     parser.add_argument("--out", type=Path, default=Path("results/horizon_headroom"))
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--offline", type=int, nargs="?", const=4, metavar="EPISODES",
+                        help="print only the forecast error per trace, fitted on EPISODES "
+                             "episodes of the train half (default 4), scored on the eval half")
     args = parser.parse_args(argv)
+    if args.offline is not None:
+        if args.offline < 1:
+            print("error: --offline needs >= 1 episode", file=sys.stderr)
+            return 2
+        print(offline_table(args.offline, not args.no_prefix_cache))
+        return 0
     cells = [c.strip() for c in args.cells.split(",") if c.strip()]
     unknown = [c for c in cells if c not in CELLS]
     if unknown or args.seeds < 2 or args.workers < 1:

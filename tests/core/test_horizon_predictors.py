@@ -223,7 +223,7 @@ def test_learned_forecasts_are_bit_identical_for_a_seed_and_warm_start_uses_the_
     runs = []
     for _ in range(2):
         factory = EpisodeFactory(cfg)
-        rows = factory._warm_start_rows(1)
+        rows = factory.horizon_rows("train", 1)
         assert rows and all(h > 0 for _, _, h in rows)
         sim = factory.simulator(4)
         seen = []
@@ -287,3 +287,26 @@ def test_tracker_refreshes_only_changed_workflows():
     assert first == len({c.workflow.uid for c in dp.calls})
     sim.horizon_tracker.refresh(sim.finished, dp.calls)  # nothing changed: nothing asked
     assert len(counter.asked) == 1
+
+
+def test_offline_error_by_hand():
+    """Rows whose true H_w is twice the running horizon: H_w(t) is off by log 2 everywhere;
+    app-mean is exact for a one-horizon application; the median forecast covers about half."""
+    from hexagent_gym.horizon_predictors import offline_error
+
+    rng = np.random.default_rng(0)
+
+    def rows(n):
+        out = []
+        for _ in range(n):
+            h = float(rng.uniform(1.0, 10.0))
+            out.append(("a", [500.0, 1.0, 1.0, 0.0, h, 0.0], 2.0 * h))
+        out.append(("b", [500.0, 1.0, 1.0, 0.0, 3.0, 0.0], 6.0))
+        return out
+
+    err = offline_error(rows(300), rows(200))
+    assert err["rows"] == 201
+    assert err["rmse_running"] == pytest.approx(math.log(2.0))
+    assert err["rmse_learned"] < 0.1 < err["rmse_app_mean"]
+    assert 0.3 < err["coverage_0.5"] < 0.7
+    assert err["coverage_0.1"] < err["coverage_0.5"] < err["coverage_0.9"]
