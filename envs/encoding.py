@@ -20,6 +20,7 @@ prefill free times and decode reservations). Observations are always fresh array
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +69,36 @@ GLOBAL_FEATURES = (
     "stage", "now", "window", "unpicked", "beyond_window", "arrived", "finished", "in_system",
     "picks",
 )
+
+APP_BUCKETS = 8
+"""Hash buckets of the application id in the ``workflow`` key (a fixed width for v0)."""
+WORKFLOW_FEATURES = (
+    "present", "h_pred", "horizon", "age_over_horizon", "first_prompt", "revealed",
+) + tuple(f"app_{i}" for i in range(APP_BUCKETS))
+"""The opt-in ``workflow`` key (``workflow_obs=True``), one row per call slot: what a front end
+knows of the call's workflow (docs/horizons.md). ``h_pred``: the episode's forecast Ĥ_w of the
+final horizon (0 without a ``horizon_predictor``); ``horizon``: max(H_w(t), Ĥ_w), the
+denominator of ``hexagent-horizon``; ``age_over_horizon``: the workflow's age over it;
+``first_prompt``: the first call's prompt tokens; ``revealed``: log1p(calls revealed); ``app_i``:
+a one-hot of the application id's CRC-32 modulo :data:`APP_BUCKETS` (all 0 without an id)."""
+
+
+def workflow_rows(calls: list[Call], k: int, now: float, inv: float) -> np.ndarray:
+    """The ``workflow`` key's (k, len(WORKFLOW_FEATURES)) rows for a decision's window."""
+    out = np.zeros((k, len(WORKFLOW_FEATURES)), dtype=np.float32)
+    for i, c in enumerate(calls[:k]):
+        w = c.workflow
+        horizon = max(w.h_est, w.h_pred)
+        app = w.spec.app_id
+        row = out[i]
+        row[:6] = (1.0, min(w.h_pred * inv, CLIP), min(horizon * inv, CLIP),
+                   min((now - w.arrival) / horizon, CLIP) if horizon > 0.0 else CLIP,
+                   _tok(w.spec.calls[0].input_tokens),
+                   math.log1p(w.num_done + len(w.open_calls)))
+        if app:
+            row[6 + zlib.crc32(app.encode()) % APP_BUCKETS] = 1.0
+    return out
+
 
 # column indices used on the hot path
 _C = {name: i for i, name in enumerate(CALL_FEATURES)}

@@ -17,11 +17,14 @@ from gymnasium import spaces
 from hexagent_gym.config import ConfigError, suggest
 from hexagent_gym.envs.encoding import (
     CALL_FEATURES,
+    CLIP,
     DECODE_FEATURES,
     GLOBAL_FEATURES,
     PREFILL_FEATURES,
+    WORKFLOW_FEATURES,
     Encoder,
     MaskedDiscrete,
+    workflow_rows,
 )
 from hexagent_gym.envs.render import render_ansi, step_info
 from hexagent_gym.envs.rewards import Reward, make_reward
@@ -54,6 +57,9 @@ class EnvOptions:
         action_mask_in_obs: add ``obs["action_mask"]`` (``MultiBinary``, the same truth values as
             :meth:`PDClusterEnv.action_masks`) for frameworks that read the mask from the
             observation (RLlib, torchrl); off by default (SB3 reads the method).
+        workflow_obs: add ``obs["workflow"]`` (K, ``WORKFLOW_FEATURES``): each call's workflow
+            as a front end knows it (forecast horizon, application id, first prompt, progress;
+            docs/horizons.md); off by default, so models trained without it keep their space.
     """
 
     reward: str | Reward = "tail"
@@ -64,6 +70,7 @@ class EnvOptions:
     max_steps: int | None = None
     time_scale: float = 10.0
     action_mask_in_obs: bool = False
+    workflow_obs: bool = False
 
     def __post_init__(self) -> None:
         src = "env config"
@@ -77,9 +84,10 @@ class EnvOptions:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
                 raise ConfigError(f"{src}: {name} must be a number > 0, got {v!r}")
-        if not isinstance(self.action_mask_in_obs, bool):
-            raise ConfigError(f"{src}: action_mask_in_obs must be true or false, got "
-                              f"{self.action_mask_in_obs!r}")
+        for name in ("action_mask_in_obs", "workflow_obs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{src}: {name} must be true or false, got "
+                                  f"{getattr(self, name)!r}")
         for name in ("p_max", "d_max", "max_steps"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
@@ -276,12 +284,17 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
             self.reward_fn = opts.reward
         self.encoder = Encoder(cluster, self.factory.tables, k, p_max, d_max, opts.time_scale)
         self._mask_in_obs = opts.action_mask_in_obs
+        self._workflow_obs = opts.workflow_obs
+        self._workflow = np.zeros((k, len(WORKFLOW_FEATURES)), dtype=np.float32)
+        extra_spaces: dict[str, spaces.Space] = {}
         if self._mask_in_obs:
-            self.observation_space = spaces.Dict({
-                **self.encoder.observation_space.spaces,
-                "action_mask": spaces.MultiBinary(self.encoder.num_actions)})
-        else:
-            self.observation_space = self.encoder.observation_space
+            extra_spaces["action_mask"] = spaces.MultiBinary(self.encoder.num_actions)
+        if self._workflow_obs:
+            extra_spaces["workflow"] = spaces.Box(0.0, CLIP, self._workflow.shape,
+                                                  dtype=np.float32)
+        self.observation_space = (spaces.Dict({**self.encoder.observation_space.spaces,
+                                               **extra_spaces})
+                                  if extra_spaces else self.encoder.observation_space)
         self.action_space = MaskedDiscrete(self.encoder.num_actions, self.action_masks)
         self.render_mode = render_mode
         self.default_seed = self.config.seed
@@ -336,9 +349,13 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
                 self._dp = None
                 reward += self.reward_fn.terminal(sim.result().ratios)
                 obs, mask = self.encoder.empty()
+                self._workflow = np.zeros_like(self._workflow)
             else:
                 self._dp = nxt
                 self._info = step_info(sim, self.encoder.begin(sim, nxt, self._num_workflows))
+                if self._workflow_obs:
+                    self._workflow = workflow_rows(nxt.calls, self.k, nxt.now,
+                                                   1.0 / self.options.time_scale)
                 obs, mask = self.encoder.observe()
         obs = self._emit(obs, mask)
         reward = float(reward)
@@ -425,6 +442,9 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         assert dp is not None, "an episode with workflows opens at least one decision point"
         self._dp = dp
         self._info = step_info(sim, self.encoder.begin(sim, dp, self._num_workflows))
+        if self._workflow_obs:
+            self._workflow = workflow_rows(dp.calls, self.k, dp.now,
+                                           1.0 / self.options.time_scale)
         return self._emit(*self.encoder.observe())
 
     def _emit(self, obs: dict[str, np.ndarray], mask: np.ndarray) -> dict[str, np.ndarray]:
@@ -432,6 +452,8 @@ class PDClusterEnv(gym.Env[dict[str, np.ndarray], np.int64]):
         self._mask = mask
         if self._mask_in_obs:
             obs["action_mask"] = mask.astype(np.int8)
+        if self._workflow_obs:  # fixed within a decision; a fresh array every step
+            obs["workflow"] = self._workflow.copy()
         return obs
 
     def _pick(self, action: Any, dp: DecisionPoint) -> tuple[int, int, int]:
