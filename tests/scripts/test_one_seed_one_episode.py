@@ -114,3 +114,23 @@ def test_the_env_window_is_part_of_the_episode():
     same = run_policy(EpisodeFactory(EpisodeConfig(**{**loaded, "max_calls_per_decision": 16}))
                       .simulator(SEED), make_policy("hexagent"))
     assert list(windowed.ratios) == list(same.ratios)
+
+
+def test_a_replayed_public_trace_is_one_episode_through_the_env_and_the_command(tmp_path):
+    """A Mooncake file replayed at its own timestamps: the env's rollout and
+    ``evaluate --replay`` (same window K) give the same ratios."""
+    trace = str(ROOT / "tests" / "fixtures" / "mooncake_small.jsonl")
+    replay = dict(cluster="hetero-1", trace=trace, num_workflows=None, load=None,
+                  arrival_rate=None, max_calls_per_decision=16)
+    via_env = hexagent_gym.make(**replay).rollout("hexagent", seed=0)
+    config = tmp_path / "replay.yaml"
+    config.write_text(yaml.safe_dump({"name": "replay", "cluster": "hetero-1",
+                                      "max_calls_per_decision": 16,
+                                      "grid": {"policies": ["hexagent"], "seeds": [0]}}))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), "--config",
+                           str(config), "--traces", trace, "--replay", "--out", str(out),
+                           "--quiet"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    (cell,) = json.loads((out / "results.json").read_text())["cells"]
+    assert cell["workflows"]["ratio"] == list(via_env.ratios)
