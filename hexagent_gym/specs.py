@@ -77,6 +77,12 @@ class WorkflowSpec:
     (docs/horizons.md lists what is visible when)."""
 
 
+MAX_TOKENS = 10_000_000
+"""Upper bound of any token count a trace may give (prompt or output; ~40x the longest context of
+a served model here), checked before anything is allocated from it: a typo such as 10**12
+must be an error naming the line, not a multi-gigabyte list of block ids."""
+
+
 def _where(source: str, line: int) -> str:
     return f"{source}:{line}: " if line else f"{source}: "
 
@@ -102,4 +108,7 @@ def json_lines(text: str, source: str) -> Iterator[tuple[int, Any]]:
         except json.JSONDecodeError as exc:
             raise TraceError(f"{source}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno}); "
                              f"each non-blank line must be one JSON object") from None
+        except RecursionError:
+            raise TraceError(f"{source}:{lineno}: JSON nested too deeply for the decoder; a "
+                             f"workflow is a flat object of calls") from None
         yield lineno, obj

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from hexagent_gym.prompts import BlockIds, num_blocks, own_hit_tokens
-from hexagent_gym.specs import CallSpec, TraceError, WorkflowSpec, _fail, json_lines
+from hexagent_gym.specs import MAX_TOKENS, CallSpec, TraceError, WorkflowSpec, _fail, json_lines
 
 MOONCAKE_KEYS = frozenset({"timestamp", "input_length", "output_length", "hash_ids"})
 BAILIAN_KEYS = frozenset({"chat_id", "parent_chat_id", "timestamp", "input_length",
@@ -60,7 +60,7 @@ def detect_format(text: str, source: str) -> str | None:
             continue
         try:
             obj = json.loads(raw)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None  # the schema parser reports it with its line number
         if not isinstance(obj, dict) or "workflow_id" in obj or "calls" in obj:
             return None
@@ -157,9 +157,10 @@ def _rows(text: str, source: str, fmt: str):
 
 def _tokens(row: dict, key: str, source: str, line: int) -> int:
     value = row[key]
-    if type(value) is not int or value < 1:  # exact type: rejects bools and floats such as 3.0
-        _fail(source, line, key, f"got {value!r}", "expected an integer >= 1 (a token count; "
-              "floats such as 3.0 are not accepted)")
+    # exact type: rejects bools and floats such as 3.0
+    if type(value) is not int or not 1 <= value <= MAX_TOKENS:
+        _fail(source, line, key, f"got {value!r}", f"expected an integer in [1, {MAX_TOKENS:,}] "
+              "(a token count; floats such as 3.0 are not accepted)")
     return value
 
 

@@ -19,7 +19,7 @@ from hexagent_gym.prompts import (
     num_blocks,
     own_hit_tokens,
 )
-from hexagent_gym.specs import CallSpec, TraceError, WorkflowSpec, _fail, _where
+from hexagent_gym.specs import MAX_TOKENS, CallSpec, TraceError, WorkflowSpec, _fail, _where
 
 
 def _as_id(value: Any) -> str | None:
@@ -215,7 +215,12 @@ def _prompt_identity(obj: dict, raw_calls: list, fields: list, parents_of: list,
         if "hash_ids" in call:
             given[i] = _hash_ids(call["hash_ids"], n_in, block, source, line, f, cid)
         if "sample_group" in call:
-            groups.setdefault(call["sample_group"], []).append(i)
+            key = call["sample_group"]
+            if not isinstance(key, str | int) or isinstance(key, bool):
+                _fail(source, line, f"{f}.sample_group", f"call '{cid}': got {key!r}",
+                      "expected a string or integer naming the request (equal values: the n "
+                      "samples of one request)")
+            groups.setdefault(key, []).append(i)
         del n_out
     prompts = derive_blocks(ids, block, [x[1] for x in fields], [x[2] for x in fields],
                             prefix_of, prefix_tokens, shared, given)
@@ -256,9 +261,11 @@ def _token_count(call: dict, key: str, source: str, line: int, f: str, cid: str)
     if key not in call:
         _fail(source, line, f"{f}.{key}", f"call '{cid}': missing", "expected an integer >= 1")
     value = call[key]
-    if type(value) is not int or value < 1:  # exact type: rejects bools and floats such as 3.0
+    # exact type: rejects bools and floats such as 3.0
+    if type(value) is not int or not 1 <= value <= MAX_TOKENS:
         _fail(source, line, f"{f}.{key}", f"call '{cid}': got {value!r}",
-              "expected an integer >= 1 (a token count; floats such as 3.0 are not accepted)")
+              f"expected an integer in [1, {MAX_TOKENS:,}] (a token count; floats such as 3.0 "
+              "are not accepted)")
     return value
 
 
