@@ -9,6 +9,7 @@ grid), which must validate them.
 from __future__ import annotations
 
 import dataclasses
+import math
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -97,14 +98,16 @@ class EpisodeConfig:
     def __post_init__(self) -> None:
         src = "episode config"
         if self.num_workflows is not None and (not isinstance(self.num_workflows, int)
+                                               or isinstance(self.num_workflows, bool)
                                                or self.num_workflows < 1):
             raise ConfigError(f"{src}: num_workflows must be an integer >= 1 or null, got "
                               f"{self.num_workflows!r}")
         for name in ("arrival_rate", "load"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
-                                  or not v > 0):
-                raise ConfigError(f"{src}: {name} must be a number > 0 or null, got {v!r}")
+                                  or not 0 < v < math.inf):
+                raise ConfigError(f"{src}: {name} must be a finite number > 0 or null, got "
+                                  f"{v!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ConfigError(f"{src}: seed must be an integer >= 0, got {self.seed!r}")
         e = self.estimation_error
@@ -112,9 +115,9 @@ class EpisodeConfig:
             raise ConfigError(f"{src}: estimation_error must be in [0, 1), got {e!r}")
         pl = self.planning_latency
         if pl != "measured" and (isinstance(pl, bool) or not isinstance(pl, int | float)
-                                 or pl < 0):
-            raise ConfigError(f"{src}: planning_latency must be seconds >= 0 or 'measured', "
-                              f"got {pl!r}")
+                                 or not 0 <= pl < math.inf):
+            raise ConfigError(f"{src}: planning_latency must be finite seconds >= 0 or "
+                              f"'measured', got {pl!r}")
         k = self.max_calls_per_decision
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
             raise ConfigError(f"{src}: max_calls_per_decision must be an integer >= 1 or null, "

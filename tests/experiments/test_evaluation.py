@@ -337,7 +337,7 @@ def write(tmp_path, text: str) -> Path:
 @pytest.mark.parametrize("text, expected", [
     ("grdi: {}\n", ["unknown key 'grdi'", "Did you mean: `grid`"]),
     ("num_workflow: 5\n", ["unknown key 'num_workflow'", "`num_workflows`"]),
-    ("load: -1\n", ["load must be a number > 0"]),
+    ("load: -1\n", ["load must be a finite number > 0"]),
     ("grid: {polices: [fcfs]}\n", ["grid: unknown key 'polices'", "`policies`"]),
     ("grid: {policies: [fcfss]}\n", ["unknown policy 'fcfss'", "`fcfs`"]),
     ("grid: {clusters: [hetero-3]}\n", ["grid.clusters", "unknown cluster 'hetero-3'"]),
@@ -347,7 +347,7 @@ def write(tmp_path, text: str) -> Path:
     ("grid: {traces: [lats], per_trace: {lats: {num_workflow: 3}}}\n",
      ["grid.per_trace.lats: unknown key 'num_workflow'"]),
     ("grid: {traces: [lats], per_trace: {lats: {load: 0}}}\n",
-     ["grid.per_trace.lats", "load must be a number > 0"]),
+     ["grid.per_trace.lats", "load must be a finite number > 0"]),
     ("grid: {traces: [lats], per_trace: {lat: {load: 1}}}\n",
      ["grid.per_trace: 'lat' is not one of the grid's traces", "`lats`"]),
     ("grid: {policy_kwargs: {atlas: {betta: 2}}}\n", ["grid.policy_kwargs.atlas", "betta"]),
