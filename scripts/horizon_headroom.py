@@ -46,7 +46,9 @@ CELLS: dict[str, dict[str, Any]] = {
 PREDICTORS: dict[str, dict[str, Any]] = {
     "oracle": {"horizon_predictor": "oracle"},
     "app-mean": {"horizon_predictor": "app-mean", "horizon_warm_start": 2},
-    "learned": {"horizon_predictor": "learned", "horizon_warm_start": 2},
+    # the quantile is the default, named so that a run made with another one is not resumed
+    "learned": {"horizon_predictor": "learned", "horizon_warm_start": 2,
+                "horizon_predictor_params": {"quantile": 0.1}},
 }
 
 
