@@ -39,6 +39,7 @@ from hexagent_gym.experiments import (
     report_text,
     write_results,
 )
+from hexagent_gym.experiments.cell_log import OutputLocked
 from hexagent_gym.experiments.cells import cell_episode
 from hexagent_gym.experiments.grid import Experiment
 
@@ -231,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         print("Wrote: " + ", ".join(str(p) for p in paths), file=sys.stderr)
         return 0
     out = args.out or Path("results") / exp.name
+    if out.exists() and not out.is_dir():
+        print(f"error: --out {out} is a file; give a directory (created if missing)",
+              file=sys.stderr)
+        return 2
     n = len(exp.cells())
     where = "" if args.backend == "local" else f" on Ray ({args.address or 'local instance'})"
     print(f"{exp.name}: {n} cells -> {out}{where}", file=sys.stderr)
@@ -247,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ImportError, ConnectionError) as exc:
         if args.backend != "ray":
             raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (ConfigError, OutputLocked) as exc:  # e.g. --seeds 0,0; another run on --out
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

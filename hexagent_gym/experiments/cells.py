@@ -72,9 +72,7 @@ class Cell:
     @property
     def key(self) -> str:
         """Stable id of the cell (hash of its parameters and the record schema)."""
-        text = json.dumps({"schema": RECORD_SCHEMA, **self.params}, sort_keys=True,
-                          separators=(",", ":"))
-        return hashlib.sha1(text.encode()).hexdigest()[:16]
+        return params_key(self.params)
 
     @property
     def factory_config(self) -> EpisodeConfig:
@@ -90,6 +88,14 @@ class Cell:
         var = f" [{self.variant}]" if self.variant else ""
         who = f"{self.label} ({self.policy})" if self.label else self.policy
         return f"{who} {e.cluster}/{e.trace} {load}{err}{var} seed {e.seed}"
+
+
+def params_key(params: Mapping[str, Any]) -> str:
+    """The key of a cell with these :attr:`Cell.params` (a record's ``cell`` block): a hash of
+    them and the record schema, so a record whose parameters were edited no longer matches."""
+    text = json.dumps({"schema": RECORD_SCHEMA, **params}, sort_keys=True,
+                      separators=(",", ":"))
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def policy_label(cell_params: Mapping[str, Any]) -> str:
