@@ -13,8 +13,9 @@ Usage:
 Episodes: the experiment config (--config, a YAML path or a configs/experiments name; only its
 episode keys apply) over the training defaults below, then the flags. Sub-env i starts from the
 config seed + i, so the envs sample different episodes. Evaluation episodes use seeds
---eval-seeds on the same config (or --eval-num-workflows). Outputs in --logdir: TensorBoard
-events (eval/req99, hexagent/req99, train/*, rollout/*, bc/*), progress.csv, best_model.zip
+--eval-seeds on the same config (or --eval-num-workflows); --baselines names policies to
+evaluate once on them as references. Outputs in --logdir: TensorBoard events (eval/req99,
+hexagent/req99, baseline/<name>/req99, train/*, rollout/*, bc/*), progress.csv, best_model.zip
 (lowest eval/req99), run.json (arguments, timings, final numbers). The final model goes to --out.
 The pipeline itself is hexagent_gym.agents.training.train; this script turns the flags into its
 TrainConfig.
@@ -44,6 +45,10 @@ def _ints(text: str) -> list[int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}"
                                          ) from None
+
+
+def _names(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
 
 
 def _load(text: str) -> float:
@@ -133,6 +138,10 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
                     help="comma-separated reset seeds of the evaluation episodes")
     ev.add_argument("--eval-num-workflows", type=int,
                     help="workflows per evaluation episode (default: as training)")
+    ev.add_argument("--baselines", type=_names, default=list(D.baselines),
+                    help="comma-separated policy names (e.g. random,fcfs) evaluated once on the "
+                    "evaluation episodes, printed before the first evaluation and logged next "
+                    "to every one as baseline/<name>/req99 etc.")
     ev.add_argument("--seed", type=int, default=D.seed)
     ev.add_argument("--threads", type=int, default=D.threads,
                     help="torch threads (2 cores here)")

@@ -12,7 +12,7 @@
 4. with ``init_from``, :func:`warm_start` it from that teacher: behaviour cloning, DAgger,
    optionally a lower logit temperature (``hexagent_gym.agents.imitation``);
 5. run PPO while ``hexagent_gym.agents.callbacks.RolloutEvalCallback`` evaluates the model on
-   fixed episodes next to HexAgent;
+   fixed episodes next to HexAgent (and next to the ``baselines`` policies, evaluated once);
 6. write to ``config.logdir``: TensorBoard events, progress.csv, best_model.zip and run.json;
    save the final model to ``config.out`` (default ``<logdir>/model.zip``);
 

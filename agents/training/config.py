@@ -73,12 +73,15 @@ class TrainConfig:
     iteration's teacher: ``agents/search.py``).
 
     Evaluation and output: every ``eval_every`` env steps on reset seeds ``eval_seeds`` (episodes
-    of ``eval_num_workflows`` workflows, None: as training); ``threads`` torch threads;
+    of ``eval_num_workflows`` workflows, None: as training); ``baselines``, registered policy
+    names (e.g. ``("random", "fcfs")``) evaluated once on the same episodes, printed and logged
+    next to every evaluation as references; ``threads`` torch threads;
     ``logdir``; ``out`` (None: ``<logdir>/model.zip``); ``verbose`` 0 quiet, 1 a line per
     evaluation and warm-start stage, 2 also SB3's table.
 
-    Every field is checked here except the names of ``config``, ``cluster``, ``trace`` and
-    ``reward``, which :func:`hexagent_gym.agents.training.train` resolves when it builds the envs.
+    Every field is checked here except the names of ``config``, ``cluster``, ``trace``,
+    ``reward`` and ``baselines``, which :func:`hexagent_gym.agents.training.train` resolves
+    before it writes anything.
 
     Raises:
         TrainConfigError: a field's value is invalid; the message names the field and what
@@ -129,6 +132,7 @@ class TrainConfig:
     eval_every: int = 10_000
     eval_seeds: tuple[int, ...] = (10_000,)
     eval_num_workflows: int | None = None
+    baselines: tuple[str, ...] = ()
     seed: int = 0
     threads: int = 1
     logdir: Path = Path("runs/learned")
@@ -151,6 +155,12 @@ class TrainConfig:
         if not seeds:
             raise TrainConfigError("eval_seeds", "must list at least one reset seed, got none")
         object.__setattr__(self, "eval_seeds", seeds)
+        # a bare string would iterate as one-letter names
+        names = None if isinstance(self.baselines, str) else _tuple_or_none(self.baselines)
+        if names is None or not all(isinstance(b, str) and b for b in names):
+            raise TrainConfigError("baselines", f"must be a sequence of policy names, got "
+                                   f"{self.baselines!r}")
+        object.__setattr__(self, "baselines", names)
         for name, valid in CHOICES.items():
             if getattr(self, name) not in valid:
                 raise TrainConfigError(name, f"must be one of {', '.join(map(repr, valid))}, "
@@ -205,6 +215,13 @@ _INT_MIN = {"num_workflows": 1, "p_max": 1, "d_max": 1, "n_envs": 1, "total_time
             "n_steps": 1, "batch_size": 2, "n_epochs": 1, "hidden": 1, "bc_episodes": 1,
             "bc_epochs": 0, "dagger_rounds": 0, "dagger_episodes": 1, "eval_every": 1,
             "eval_num_workflows": 1, "seed": 0, "threads": 1, "verbose": 0}
+
+
+def _tuple_or_none(value: Any) -> tuple[Any, ...] | None:
+    try:
+        return tuple(value)
+    except TypeError:
+        return None
 
 
 def _positive(v: float) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,10 @@ from hexagent_gym.agents.learned import make_model
 from hexagent_gym.agents.shaping import ReferenceRelativeReward, relative_env_fn
 from hexagent_gym.agents.training.config import TrainConfig, episode_config
 from hexagent_gym.agents.training.warmstart import warm_start
+from hexagent_gym.config import ConfigError, suggest
 from hexagent_gym.envs.mixture import make_mixture_fn
 from hexagent_gym.envs.pd_cluster_env import ENV_KEYS, PDClusterEnv, make_env_fn
+from hexagent_gym.policy import policy_names
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class TrainResult:
         best_req99: the lowest ``req99`` of ``history``.
         best_step: its ``timesteps``.
         reference: ``rollout_stats`` of HexAgent on the same evaluation episodes.
+        baselines: ``rollout_stats`` of each of ``config.baselines`` on the same evaluation
+            episodes, by name (empty without baselines).
         train_rewards: returns of the last (up to 100) training episodes, under the training
             reward; their mean is TensorBoard's ``rollout/ep_rew_mean``.
         bc: :attr:`hexagent_gym.agents.training.WarmStart.stats`, empty without a warm start.
@@ -63,6 +67,7 @@ class TrainResult:
     best_req99: float
     best_step: int
     reference: dict[str, float]
+    baselines: dict[str, dict[str, float]]
     train_rewards: tuple[float, ...]
     bc: dict[str, float]
     timings: dict[str, float]
@@ -92,13 +97,16 @@ class TrainResult:
 
 
 class _Evaluations(RolloutEvalCallback):
-    """RolloutEvalCallback that also keeps each evaluation's mean return and hands every new
-    evaluation row to ``on_eval``; what it logs and records is unchanged."""
+    """RolloutEvalCallback that also keeps each evaluation's mean return, hands every new
+    evaluation row to ``on_eval`` and evaluates the ``baselines`` policies once on the same
+    episodes, logging them at every evaluation as ``baseline/<name>/<metric>``."""
 
     def __init__(self, eval_env: Any, on_eval: Callable[[dict[str, float]], None] | None,
-                 **kwargs: Any) -> None:
+                 baselines: Sequence[str] = (), **kwargs: Any) -> None:
         super().__init__(eval_env, **kwargs)
         self.on_eval = on_eval
+        self.baselines = tuple(baselines)
+        self.baseline_stats: dict[str, dict[str, float]] = {}
         self.rewards: list[float] = []
         self.rows: list[dict[str, float]] = []
 
@@ -117,8 +125,25 @@ class _Evaluations(RolloutEvalCallback):
                 self.on_eval(self.rows[-1])
 
     def _on_training_start(self) -> None:
+        # before the first evaluation, so that its line reads against them
+        for name in self.baselines:
+            stats = rollout_stats([self.eval_env.rollout(name, seed=s) for s in self.seeds],
+                                  self.alphas)
+            self.baseline_stats[name] = stats
+            if self.verbose:
+                print(f"[baseline] {name}: req99 {stats['req99']:.3f}, req95 "
+                      f"{stats['req95']:.3f}, mean {stats['mean_ratio']:.3f} (the evaluation "
+                      f"episodes)", flush=True)
         super()._on_training_start()
         self._publish()
+
+    def _evaluate(self) -> None:
+        # recorded before the evaluation's own logger.dump writes them at its step: constant
+        # lines beside eval/req99 in TensorBoard, as hexagent/req99 is
+        for name, stats in self.baseline_stats.items():
+            for key, value in stats.items():
+                self.logger.record(f"baseline/{name}/{key}", value)
+        super()._evaluate()
 
     def _on_step(self) -> bool:
         keep_going = super()._on_step()
@@ -185,8 +210,14 @@ def train(config: TrainConfig,
 
     Raises:
         hexagent_gym.config.ConfigError: the episodes cannot be built (e.g. an unknown cluster,
-            trace or reward); raised before anything is written.
+            trace or reward) or a baseline is no registered policy; raised before anything is
+            written.
     """
+    known = policy_names()
+    for name in config.baselines:
+        if name.lower() not in known:
+            raise ConfigError(f"unknown baseline policy '{name}'; known: {', '.join(known)}."
+                              f"{suggest(name.lower(), known)}")
     torch.set_num_threads(config.threads)
     set_random_seed(config.seed)
     episodes, overrides = episode_config(config)
@@ -220,7 +251,8 @@ def train(config: TrainConfig,
 
     best_model_path = config.logdir / "best_model.zip"
     evals = _Evaluations(
-        eval_env, on_eval, eval_every=config.eval_every, seeds=config.eval_seeds,
+        eval_env, on_eval, baselines=config.baselines, eval_every=config.eval_every,
+        seeds=config.eval_seeds,
         hparams={"env_cluster": eval_env.config.cluster, "env_trace": eval_env.config.trace,
                  "num_workflows": eval_env.config.num_workflows,
                  "load": overrides.get("load", eval_env.config.load),
@@ -242,12 +274,14 @@ def train(config: TrainConfig,
     record = {"args": config.to_dict(), "config": episodes, "overrides": overrides,
               "timings": timings, "bc": bc, "final_eval": evals.history[-1],
               "best_eval_req99": evals.best_req99, "best_step": evals.best_step,
-              "reference": evals.reference_stats, "history": evals.history}
+              "reference": evals.reference_stats, "baselines": evals.baseline_stats,
+              "history": evals.history}
     run_record.write_text(json.dumps(record, indent=1, default=str) + "\n")
     return TrainResult(config=config, model_path=config.model_path,
                        best_model_path=best_model_path, run_record=run_record,
                        history=tuple(evals.rows), best_req99=evals.best_req99,
                        best_step=evals.best_step, reference=evals.reference_stats,
+                       baselines=evals.baseline_stats,
                        train_rewards=train_rewards, bc=bc, timings=timings)
 
 
