@@ -43,13 +43,9 @@ from hexagent_gym.experiments import (
     read_cells,
     write_results,
 )
-from hexagent_gym.experiments.paper_validation import (
-    PaperTables,
-    evaluate_claims,
-    format_report,
-    load_paper_tables,
-    total_within,
-)
+from hexagent_gym.experiments.paper_report import format_report
+from hexagent_gym.experiments.paper_tables import PaperTables, load_paper_tables
+from hexagent_gym.experiments.paper_validation import evaluate_claims, total_within
 
 QUICK_TRACES = ("sharegpt", "bfcl_v3")
 QUICK_WORKFLOWS = 20

@@ -13,20 +13,22 @@ import yaml
 
 from hexagent_gym.config import ConfigError
 from hexagent_gym.experiments import load_experiment
+from hexagent_gym.experiments.paper_report import format_report
+from hexagent_gym.experiments.paper_tables import (
+    PaperClaim,
+    PaperTable,
+    PaperTables,
+    load_paper_tables,
+)
 from hexagent_gym.experiments.paper_validation import (
     AGREES,
     DIRECTION,
     DISAGREES,
     NOT_RUN,
     PART,
-    PaperClaim,
-    PaperTable,
-    PaperTables,
     cluster_patterns,
     evaluate_claim,
     evaluate_claims,
-    format_report,
-    load_paper_tables,
     our_rows,
     range_ratio,
     ratio,
