@@ -282,13 +282,11 @@ class DecisionPoint:
     def risk_plan(self, horizons: list[float] | None = None) -> list[tuple[int, int, int, float]]:
         """The compiled twin of ``hexagent_gym.agents.hexagent``'s ranking from the current Ŝ on:
         the picks ``(slot, p, d, Δ)`` that projected-risk greedy with best-pair placement makes,
-        pick after pick, each committed to a copy of Ŝ, as far as the twin computes them exactly
-        (it stops where a decode limit binds, a slot has no valid pair, or a risk is undefined;
-        possibly at once). Prefill stage with the kernels built only, else ``[]``. Nothing is
-        picked:
-        the caller still calls :meth:`pick`, which then finds each Δ without projecting.
+        each committed to a copy of Ŝ, as far as the twin computes them exactly (it stops where a
+        decode limit binds, a slot has no valid pair, or a risk is undefined; possibly at once).
         ``horizons``: the risk's denominator per slot (default: each workflow's running horizon
-        ``h_est``, the paper's rule)."""
+        ``h_est``, the paper's rule). Prefill stage with the kernels built only, else ``[]``.
+        Nothing is picked: :meth:`pick` then finds each Δ without projecting."""
         if self.stage != _STAGE_PREFILL or kernels.risk_plan is None or not self._remaining:
             return []
         state, calls = self.state, self.calls
@@ -299,8 +297,7 @@ class DecisionPoint:
             state.dec_count_l, state.dec_ctx_l, state.dec_tokens_l, t.dec_static, t.batch_top,
             t.dec_capacity, *self._kernel_inputs(),
             [c.ctx_share for c in calls], [c.workflow.arrival for c in calls],
-            [c.workflow.h_est for c in calls] if horizons is None else horizons,
-            limits[0], limits[1], self.picked)
+            horizons or [c.workflow.h_est for c in calls], limits[0], limits[1], self.picked)
         self._ahead, self._ahead_from = plan, len(self.plan)
         return plan
 
