@@ -11,7 +11,11 @@ the visible fence info; pytest-codeblocks runs every block in isolation.
 Directives used in the docs:
 
 * ``<!-- skip: next "reason" -->``: never run here (creates a venv, needs a Ray cluster, hours).
-* ``<!-- slow: next "reason" -->``: runs only with ``pytest --run-slow-docs`` (CI skips it).
+* ``<!-- small: next {"as written": "smaller", ...} -->``: a block that takes minutes as written
+  runs small: each key (text in the block, which must be there) is replaced by its value before
+  the block runs, e.g. ``{"--total-timesteps 12288": "--total-timesteps 512"}``. The block still
+  runs end to end with its real commands, so CI catches a renamed flag or a broken script; only
+  its sizes shrink. ``pytest --run-slow-docs`` runs such blocks as written, at full size.
 * ``<!-- invisible-code-block: python ... -->``: hidden setup, mostly to run the next block small
   through ``doc_monkeypatch`` (a MonkeyPatch undone after the document).
 
@@ -26,21 +30,21 @@ that uses Ray is skipped when ray (the ``distributed`` extra) is not installed.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
-from unittest import SkipTest
 
 import pytest
 from sybil import Sybil
-from sybil.evaluators.skip import Skipper
+from sybil.example import NotEvaluated
 from sybil.integration.pytest import SybilItem
-from sybil.parsers.abstract.skip import AbstractSkipParser
 from sybil.parsers.markdown import CodeBlockParser, PythonCodeBlockParser, SkipParser
 from sybil.parsers.markdown.lexers import DirectiveInHTMLCommentLexer
+from sybil.region import Lexeme, Region
 
 ROOT = Path(__file__).resolve().parent
 LINKED = ("configs", "models", "scripts", "tests", ".venv")  # read by the blocks, never written
@@ -51,29 +55,65 @@ BASH_TIMEOUT_S = 300
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-slow-docs", action="store_true", default=False,
-                     help="also run the doc blocks marked <!-- slow: next ... -->")
+                     help="run the doc blocks marked <!-- small: next ... --> at full size")
 
 
-class SlowSkipper(Skipper):
-    """``<!-- slow: next "reason" -->``: skip the next block unless --run-slow-docs."""
+class SmallRunner:
+    """``<!-- small: next {...} -->``: run the next block with its sizes replaced (see above).
 
-    run_slow = False
+    An evaluator pushed onto the document for one block: it rewrites that block's source and
+    raises ``NotEvaluated`` so the block's own evaluator (python or bash) runs the rewritten text.
+    """
 
-    def install(self, example, state, reason) -> None:
-        example.document.push_evaluator(self)
-        if self.run_slow:
-            state.active = False  # the next block runs as usual
-        else:
-            why = eval(reason, {}) if reason else "slow"  # a quoted string
-            state.exception = SkipTest(f"slow (--run-slow-docs runs it): {why}")
-
-
-class SlowParser(AbstractSkipParser):
-    directive = "slow"
+    full_size = False  # pytest --run-slow-docs
+    ran_small = 0  # blocks under the directive run this session, for the summary line
 
     def __init__(self) -> None:
-        super().__init__([DirectiveInHTMLCommentLexer(self.directive)])
-        self.skipper = SlowSkipper(self.directive)
+        self.pending: dict = {}  # document -> the substitutions for its next block
+
+    def __call__(self, example) -> None:
+        document = example.document
+        if example.region.evaluator is self:  # the directive itself
+            action, table = example.parsed
+            if action != "next":
+                raise ValueError(f"'small: {action}': only 'small: next {{...}}' is supported")
+            self.pending[document] = table
+            document.push_evaluator(self)
+            return
+        document.pop_evaluator(self)
+        table = self.pending.pop(document)
+        if not self.full_size:
+            source = str(example.parsed)
+            for written, small in table.items():
+                if written not in source:
+                    raise AssertionError(f"<!-- small --> before line {example.line}: the block "
+                                         f"no longer contains {written!r}; update the directive")
+                source = source.replace(written, small)
+            example.parsed = Lexeme(source, example.parsed.offset, example.parsed.line_offset)
+        SmallRunner.ran_small += 1
+        raise NotEvaluated()  # the block's own evaluator runs the (rewritten) text
+
+
+class SmallParser:
+    """Parses ``<!-- small: next {"as written": "smaller"} -->`` (a Python dict literal)."""
+
+    def __init__(self) -> None:
+        self.lexer = DirectiveInHTMLCommentLexer("small")
+        self.runner = SmallRunner()
+
+    def __call__(self, document):
+        for lexed in self.lexer(document):
+            action, _, table = (lexed.lexemes["arguments"] or "").strip().partition(" ")
+            try:
+                table = ast.literal_eval(table.strip())
+            except (ValueError, SyntaxError) as exc:
+                raise ValueError(f"{document.path}: <!-- small: next {{...}} --> needs a dict "
+                                 f"literal of str -> str, got {table!r}") from exc
+            if not (isinstance(table, dict) and table
+                    and all(isinstance(k, str) and isinstance(v, str) for k, v in table.items())):
+                raise ValueError(f"{document.path}: <!-- small --> needs a non-empty dict of "
+                                 f"str -> str, got {table!r}")
+            yield Region(lexed.start, lexed.end, (action, table), self.runner)
 
 
 def run_bash(example) -> None:
@@ -93,7 +133,7 @@ def _setup(namespace: dict) -> None:
 
 pytest_collect_file = Sybil(
     parsers=[PythonCodeBlockParser(), CodeBlockParser("bash", run_bash), SkipParser(),
-             SlowParser()],
+             SmallParser()],
     patterns=["README.md", "docs/*.md"],
     setup=_setup,
     fixtures=["doc_monkeypatch"],
@@ -126,7 +166,7 @@ def _kind(item: pytest.Item) -> str | None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    SlowSkipper.run_slow = config.getoption("--run-slow-docs")
+    SmallRunner.full_size = config.getoption("--run-slow-docs")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m selects on the marker
@@ -149,21 +189,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
     kinds = getattr(config, "_doc_kinds", {})
     if not kinds:
         return
-    outcomes: dict[str, str] = {}  # nodeid -> passed | failed | slow | skipped, blocks only
+    outcomes: dict[str, str] = {}  # nodeid -> passed | failed | error | skipped, blocks only
     for outcome in ("passed", "failed", "error", "skipped"):
         for report in terminalreporter.stats.get(outcome, []):
             nodeid = getattr(report, "nodeid", None)
             if kinds.get(nodeid) != "block" or outcomes.get(nodeid) in ("failed", "error"):
                 continue
-            slow = outcome == "skipped" and "slow (--run-slow-docs" in str(report.longrepr)
-            outcomes[nodeid] = "slow" if slow else outcome
+            outcomes[nodeid] = outcome
     if not outcomes:
         return  # none ran (-m "not docs", or only tests/ collected)
-    n = {k: sum(v == k for v in outcomes.values()) for k in ("passed", "failed", "error", "slow",
+    n = {k: sum(v == k for v in outcomes.values()) for k in ("passed", "failed", "error",
                                                             "skipped")}
     bad = n["failed"] + n["error"]
+    size = "at full size" if SmallRunner.full_size else "reduced by <!-- small -->"
     terminalreporter.write_line(
         f"doc code blocks: {len(outcomes)} collected, {n['passed'] + bad} run ({n['passed']} "
-        f"passed, {bad} failed), {n['slow']} skipped as slow (--run-slow-docs), {n['skipped']} "
+        f"passed, {bad} failed; {SmallRunner.ran_small} of them {size}), {n['skipped']} "
         f"skipped (not runnable here); {sum(k == 'setup' for k in kinds.values())} hidden setup "
         f"blocks")
