@@ -28,7 +28,8 @@ import numpy as np
 
 from hexagent_gym.agents.base import BasePolicy
 from hexagent_gym.decisions import DecisionPoint, Stage
-from hexagent_gym.horizon_predictors import HorizonTracker, make_horizon_predictor
+from hexagent_gym.horizon_predictors import make_horizon_predictor
+from hexagent_gym.horizon_tracker import HorizonTracker
 
 
 def projected_risk(dp: DecisionPoint, best: np.ndarray | None = None,

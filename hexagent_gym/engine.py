@@ -37,7 +37,8 @@ from hexagent_gym.entities import (
     Workflow,
 )
 from hexagent_gym.events import EventQueue, Phase
-from hexagent_gym.horizon_predictors import HorizonPredictor, HorizonTracker
+from hexagent_gym.horizon_predictors import HorizonPredictor
+from hexagent_gym.horizon_tracker import HorizonTracker
 from hexagent_gym.instance_flow import InstanceFlow
 from hexagent_gym.metrics import EpisodeResult, WorkflowRecord
 from hexagent_gym.plan_flow import PlanFlow

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hexagent_gym.config import suggest
+from hexagent_gym.lightgbm_rows import RowPredictor
 
 if TYPE_CHECKING:
     from hexagent_gym.entities import Workflow
@@ -44,6 +45,11 @@ FEATURES = ("app", "first_prompt_tokens", "source_calls", "revealed", "done", "h
 prompt's tokens and the number of calls visible at arrival (declared at arrival); calls revealed
 and calls done, the running horizon H_w(t) and its part fixed by finished calls (progress)."""
 UNKNOWN_APP = -1.0
+DEFAULT_GATE = 0.7
+"""``app-mean``'s and ``learned``'s default forecast gate: an application's forecasts are used
+while their log-RMSE is at most this, typically within a factor e^0.7 ≈ 2 of the truth
+(:class:`~hexagent_gym.horizon_tracker.ForecastGate`; chosen on validation seeds:
+docs/horizons.md)."""
 
 
 def workflow_features(wf: Workflow, app_code: float) -> list[float]:
@@ -64,6 +70,13 @@ class HorizonPredictor:
     version = 0
     """Changes whenever :meth:`predict` may answer differently for the same rows (it learned):
     the tracker then forecasts every shown workflow again."""
+    gate: float | None = None
+    """The largest log-RMSE at which an application's forecasts are used (None: always)."""
+
+    def warm_errors(self) -> dict[str | None, tuple[float, int]]:
+        """What the warm start says of the forecasts' accuracy: application id (None: all) →
+        (sum of squared log errors, rows). Empty without a warm start."""
+        return {}
 
     def fresh(self) -> HorizonPredictor:
         """A copy for a new episode: warm-start knowledge kept, the episode's own dropped."""
@@ -99,13 +112,22 @@ class AppMeanPredictor(HorizonPredictor):
 
     name = "app-mean"
 
-    def __init__(self, warm: Sequence[tuple[str, float]] = ()) -> None:
+    def __init__(self, warm: Sequence[tuple[str, float]] = (), *,
+                 gate: float | None = DEFAULT_GATE) -> None:
+        self.gate = _check_gate(gate)
         self._warm = _log_sums(warm)
         self._sums = {k: list(v) for k, v in self._warm.items()}
+        self._warm_errors: dict[str | None, tuple[float, int]] = {}
+        if warm:  # in sample: one mean per application barely overfits
+            _add_errors(self._warm_errors, [(app, math.log(self.estimate(app)), math.log(h))
+                                            for app, h in warm if h > 0.0])
+
+    def warm_errors(self) -> dict[str | None, tuple[float, int]]:
+        return self._warm_errors
 
     def fresh(self) -> AppMeanPredictor:
         new = AppMeanPredictor.__new__(AppMeanPredictor)
-        new._warm = self._warm
+        new.__dict__.update(self.__dict__)
         new._sums = {k: list(v) for k, v in self._warm.items()}
         return new
 
@@ -131,6 +153,24 @@ def _add(sums: dict[Any, list[float]], key: str, value: float) -> None:
         s[1] += 1
 
 
+def _add_errors(errors: dict[str | None, tuple[float, int]],
+                scored: Sequence[tuple[str, float, float]]) -> None:
+    """Add (application id, log forecast, log truth) triples to per-application squared-error
+    sums (and to None: all applications)."""
+    for app, forecast, truth in scored:
+        for key in (app, None):
+            sq, n = errors.get(key, (0.0, 0))
+            errors[key] = (sq + (forecast - truth) ** 2, n + 1)
+
+
+def _check_gate(gate: float | None) -> float | None:
+    if gate is not None and not (isinstance(gate, (int, float)) and math.isfinite(gate)
+                                 and gate > 0.0):
+        raise ValueError(f"gate must be a log-RMSE > 0 or None (always use forecasts), "
+                         f"got {gate!r}")
+    return None if gate is None else float(gate)
+
+
 def _log_sums(pairs: Sequence[tuple[str, float]]) -> dict[Any, list[float]]:
     sums: dict[Any, list[float]] = {}
     for app, h in pairs:
@@ -151,24 +191,39 @@ class LearnedPredictor(HorizonPredictor):
             raises a workflow's risk denominator above H_w(t) only that far, so a workflow that
             turns out short is rarely treated as long (docs/horizons.md: chosen on validation
             seeds, where the median hurt LATS).
-        refit_at: finished-workflow counts of the episode at which the model is refitted on the
-            warm rows plus the episode's own (each count once).
+        first_fit: without a warm model, the episode's finished workflows before its first fit
+            (``app-mean`` answers until then).
+        refit_growth: refit (on the warm rows plus the episode's own) once the training rows
+            have grown by this fraction since the last fit: 1.0 refits at every doubling, so an
+            online-only model is fitted at about 32, 64, 128, 256 finished workflows, while a
+            warm-started one refits only when the episode has added as much as the warm start
+            gave (each fit costs tens of ms; the forecasts it changes matter little then:
+            docs/horizons.md).
         rounds, leaves, learning_rate, min_leaf: LightGBM's boosting rounds, leaves per tree,
             shrinkage and minimum rows per leaf.
+        gate: the forecast gate (:data:`DEFAULT_GATE`; None: always use the forecasts). With
+            warm rows, the gate's starting estimate of each application's error is cross-fitted:
+            a model fitted on each half of the warm rows (cut between workflows) scores the
+            other half.
     """
 
     name = "learned"
 
     def __init__(self, warm_rows: Sequence[tuple[str, list[float], float]] = (), *,
-                 quantile: float | None = 0.1, refit_at: Sequence[int] = (32, 64, 128, 256, 512),
+                 quantile: float | None = 0.1, first_fit: int = 32, refit_growth: float = 1.0,
                  rounds: int = 80, leaves: int = 15, learning_rate: float = 0.1,
-                 min_leaf: int = 10) -> None:
+                 min_leaf: int = 10, gate: float | None = DEFAULT_GATE) -> None:
+        self.gate = _check_gate(gate)
         if quantile is not None and not 0.0 < quantile < 1.0:
             raise ValueError(f"quantile must be in (0, 1) or None (the mean), got {quantile!r}")
-        if any(not isinstance(n, int) or n < 1 for n in refit_at):
-            raise ValueError(f"refit_at must list finished-workflow counts >= 1, got {refit_at!r}")
+        if not isinstance(first_fit, int) or isinstance(first_fit, bool) or first_fit < 1:
+            raise ValueError(f"first_fit must be a workflow count >= 1, got {first_fit!r}")
+        if not (isinstance(refit_growth, (int, float)) and math.isfinite(refit_growth)
+                and refit_growth > 0.0):
+            raise ValueError(f"refit_growth must be a fraction > 0, got {refit_growth!r}")
         self.quantile = quantile
-        self.refit_at = tuple(sorted(set(refit_at)))
+        self.first_fit = first_fit
+        self.refit_growth = float(refit_growth)
         self.params = {"objective": "regression" if quantile is None else "quantile",
                        "num_leaves": leaves, "learning_rate": learning_rate,
                        "min_data_in_leaf": min_leaf, "num_threads": 1, "deterministic": True,
@@ -180,16 +235,36 @@ class LearnedPredictor(HorizonPredictor):
         warm = [(app, row, h) for app, row, h in warm_rows if h > 0.0]
         self._warm_x = [[self.app_code(app), *row] for app, row, _ in warm]
         self._warm_y = [math.log(h) for _, _, h in warm]
-        self._fallback = AppMeanPredictor([(app, h) for app, _, h in warm])
+        self._fallback = AppMeanPredictor([(app, h) for app, _, h in warm], gate=gate)
         self._warm_model = self._fit(self._warm_x, self._warm_y)
+        self._warm_errors = (self._cross_fitted_errors([app for app, _, _ in warm])
+                             if self._warm_model is not None and gate is not None else {})
         self._reset_episode()
+
+    def _cross_fitted_errors(self, apps: list[str]) -> dict[str | None, tuple[float, int]]:
+        x, y = self._warm_x, self._warm_y
+        # RowCollector keeps a workflow's rows together: cut where the label changes
+        cut = next((i for i in range(len(y) // 2, len(y)) if y[i] != y[i - 1]), len(y))
+        errors: dict[str | None, tuple[float, int]] = {}
+        for fit, score in ((slice(0, cut), slice(cut, None)), (slice(cut, None), slice(0, cut))):
+            model = self._fit(x[fit], y[fit])
+            if model is None or not x[score]:
+                continue
+            _add_errors(errors, list(zip(apps[score], model.predict(x[score]), y[score],
+                                         strict=True)))
+        return errors
+
+    def warm_errors(self) -> dict[str | None, tuple[float, int]]:
+        if self._model is None:
+            return self._fallback.warm_errors()
+        return self._warm_errors
 
     def _reset_episode(self) -> None:
         self._model = self._warm_model
         self._x: list[list[float]] = []
         self._y: list[float] = []
         self._finished = 0
-        self._next_refit = 0
+        self._fitted_rows = len(self._warm_y) if self._warm_model is not None else 0
         self._episode_fallback = self._fallback.fresh()
         self.version = 0
 
@@ -214,7 +289,8 @@ class LearnedPredictor(HorizonPredictor):
         data = lightgbm.Dataset(np.asarray(x, dtype=np.float64), np.asarray(y),
                                 categorical_feature=[0], free_raw_data=True,
                                 params={"verbose": -1})
-        return lightgbm.train(self.params, data, num_boost_round=self.rounds)
+        return RowPredictor(lightgbm.train(self.params, data, num_boost_round=self.rounds),
+                            len(FEATURES))
 
     def learn(self, finished: Sequence[tuple[Workflow, list[list[float]]]]) -> None:
         self._episode_fallback.learn(finished)
@@ -226,15 +302,14 @@ class LearnedPredictor(HorizonPredictor):
                 self._x.extend(rows)
                 self._y.extend([label] * len(rows))
         self._finished += len(finished)
-        refit = False
-        while (self._next_refit < len(self.refit_at)
-               and self._finished >= self.refit_at[self._next_refit]):
-            self._next_refit += 1
-            refit = True
-        if refit:
+        rows = len(self._warm_y) + len(self._y)
+        due = (self._finished >= self.first_fit if self._fitted_rows == 0
+               else rows >= self._fitted_rows * (1.0 + self.refit_growth))
+        if due:
             model = self._fit(self._warm_x + self._x, self._warm_y + self._y)
             if model is not None:
                 self._model = model
+                self._fitted_rows = rows
                 self.version += 1
 
     def predict(self, rows: Sequence[tuple[Workflow, list[float]]]) -> list[float]:
@@ -244,12 +319,9 @@ class LearnedPredictor(HorizonPredictor):
 
     def predict_rows(self, rows: Sequence[list[float]]) -> list[float]:
         """Ĥ in seconds per :data:`FEATURES` row, from the current model (one must exist)."""
-        # one thread (LightGBM's default spins up a pool per call: ~100x slower for one row);
-        # the raw score is the prediction for both objectives (identity link), and the rows
-        # are built here in FEATURES order, so the per-call checks are skipped
-        out = self._model.predict(np.asarray(rows, dtype=np.float64),
-                                  num_threads=1, raw_score=True, validate_features=False)
-        return [math.exp(v) for v in out.tolist()]
+        # the raw score is the prediction for both objectives (identity link); rows come one
+        # workflow at a time, so LightGBM's one-row fast path (lightgbm_rows) answers them
+        return [math.exp(v) for v in self._model.predict(rows)]
 
 
 def make_horizon_predictor(name: str, warm: Mapping[str, Any] | None = None,
@@ -260,7 +332,8 @@ def make_horizon_predictor(name: str, warm: Mapping[str, Any] | None = None,
         name: the predictor.
         warm: training-split data for ``app-mean`` and ``learned`` (``{"rows": [...]}``, rows
             as :class:`RowCollector` keeps them); None: online only.
-        **params: ``learned``'s keyword arguments (:class:`LearnedPredictor`).
+        **params: ``learned``'s keyword arguments (:class:`LearnedPredictor`); ``app-mean``
+            takes ``gate``.
 
     Raises:
         ValueError: unknown name (with the closest known one), or parameters the predictor
@@ -270,72 +343,21 @@ def make_horizon_predictor(name: str, warm: Mapping[str, Any] | None = None,
     if name not in HORIZON_PREDICTORS:
         raise ValueError(f"unknown horizon predictor {name!r}; known: "
                          f"{', '.join(HORIZON_PREDICTORS)}.{suggest(name, HORIZON_PREDICTORS)}")
-    if params and name != "learned":
-        raise ValueError(f"the {name} horizon predictor takes no parameters, got "
+    takes = {"none": set(), "oracle": set(), "app-mean": {"gate"}}.get(name)
+    if takes is not None and set(params) - takes:
+        raise ValueError(f"the {name} horizon predictor takes "
+                         f"{', '.join(sorted(takes)) or 'no parameters'}, got "
                          f"{', '.join(sorted(params))}")
     if name == "none":
         return HorizonPredictor()
     if name == "oracle":
         return OraclePredictor()
     if name == "app-mean":
-        return AppMeanPredictor([(app, h) for app, _, h in rows])
+        return AppMeanPredictor([(app, h) for app, _, h in rows], **params)
     try:
         return LearnedPredictor(rows, **params)
     except TypeError as exc:
         raise ValueError(f"learned horizon predictor: {exc}") from None
-
-
-class HorizonTracker:
-    """Keeps ``Workflow.h_pred`` current for the workflows a decision shows (one per episode).
-
-    At each :meth:`refresh` it first hands the predictor the workflows that finished since the
-    last one (with the feature rows recorded for them), then predicts, in one batch, for the
-    workflows among ``calls`` whose progress (calls revealed, calls done) changed since their
-    last forecast, or all of them when the predictor learned since (its ``version``). A row is
-    recorded per workflow and progress step. Only finished workflows are ever learned from, and
-    a workflow's rows are its state at decisions it took part in (what the scheduler saw).
-    """
-
-    def __init__(self, predictor: HorizonPredictor) -> None:
-        self.predictor = predictor
-        self._seen_finished = 0
-        self._progress: dict[int, tuple[int, int]] = {}
-        self._latest: dict[int, list[float]] = {}  # each workflow's latest row
-        self._version: dict[int, int] = {}  # predictor version of each workflow's forecast
-        self._rows: dict[int, list[list[float]]] = {}
-
-    def refresh(self, finished: Sequence[Workflow], calls: Sequence[Any]) -> None:
-        """Learn from ``finished[seen:]``, then forecast the changed workflows of ``calls``."""
-        predictor = self.predictor
-        if len(finished) > self._seen_finished:
-            new = finished[self._seen_finished:]
-            self._seen_finished = len(finished)
-            rows = self._rows
-            predictor.learn([(wf, rows.pop(wf.uid, [])) for wf in new])
-            for wf in new:  # never shown again: keep the tracker's memory to running ones
-                self._progress.pop(wf.uid, None)
-                self._latest.pop(wf.uid, None)
-                self._version.pop(wf.uid, None)
-        progress, latest, versions = self._progress, self._latest, self._version
-        version = predictor.version
-        stale: list[tuple[Workflow, list[float]]] = []
-        for c in calls:
-            wf = c.workflow
-            uid = wf.uid
-            key = (wf.num_done, len(wf.open_calls))
-            if progress.get(uid) != key:
-                progress[uid] = key
-                row = latest[uid] = workflow_features(wf, predictor.app_code(wf.spec.app_id))
-                self._rows.setdefault(uid, []).append(row)
-            elif versions.get(uid) == version:
-                continue
-            else:
-                row = latest[uid]
-            versions[uid] = version
-            stale.append((wf, row))
-        if stale:
-            for (wf, _), h in zip(stale, predictor.predict(stale), strict=True):
-                wf.h_pred = h
 
 
 class RowCollector(HorizonPredictor):

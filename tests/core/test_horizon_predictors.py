@@ -16,10 +16,10 @@ from hexagent_gym.episode import EpisodeConfig, EpisodeFactory, split_of, split_
 from hexagent_gym.horizon_predictors import (
     AppMeanPredictor,
     HorizonPredictor,
-    HorizonTracker,
     make_horizon_predictor,
     workflow_features,
 )
+from hexagent_gym.horizon_tracker import HorizonTracker
 from hexagent_gym.specs import TraceError
 from hexagent_gym.workload import load_trace
 
@@ -108,7 +108,11 @@ def test_an_empty_half_is_a_clear_error(tmp_path):
     ({"horizon_predictor": "oracle", "horizon_warm_start": 1, "workflow_split": "eval"},
      "needs a predictor that learns"),
     ({"horizon_predictor": "app-mean", "horizon_predictor_params": {"quantile": 0.5}},
-     "takes no parameters"),
+     "app-mean horizon predictor takes gate, got quantile"),
+    ({"horizon_predictor": "oracle", "horizon_predictor_params": {"gate": 0.5}},
+     "oracle horizon predictor takes no parameters"),
+    ({"horizon_predictor": "learned", "horizon_predictor_params": {"gate": float("nan")}},
+     "gate must be a log-RMSE > 0 or None"),
     ({"horizon_predictor": "learned", "horizon_predictor_params": {"quantile": 1.5}},
      "quantile must be in"),
     ({"horizon_predictor": "learned", "horizon_predictor_params": {"trees": 5}},
@@ -198,7 +202,7 @@ def _fallback(dp):
 
 def test_app_mean_is_the_geometric_mean_of_finished_horizons_per_application():
     factory = EpisodeFactory(EpisodeConfig(**LOADED))
-    sim = factory.simulator(3, horizon_predictor=AppMeanPredictor())
+    sim = factory.simulator(3, horizon_predictor=AppMeanPredictor(gate=None))  # every forecast
     dp = sim.run_until_decision()
     checked = 0
     while dp is not None:
@@ -241,7 +245,8 @@ def test_learned_beats_no_forecast_offline():
     """Fitted on one training episode, its forecasts of the eval half's final horizons are
     closer (log-RMSE) than the running horizon H_w(t) alone, at the same decisions."""
     factory = EpisodeFactory(EpisodeConfig(**{**LOADED, "num_workflows": 60},
-                                           horizon_predictor="learned", horizon_warm_start=2))
+                                           horizon_predictor="learned", horizon_warm_start=2,
+                                           horizon_predictor_params={"gate": None}))
     sim = factory.simulator(5)
     err_pred, err_running = [], []
     dp = sim.run_until_decision()

@@ -1,0 +1,81 @@
+"""The forecast gate: a horizon forecast is used for an application only while the forecasts
+made for its finished workflows have been accurate (hand-computed cases), and it learns from
+finished workflows only."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hexagent_gym.decisions import earliest_finish_pick
+from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+from hexagent_gym.horizon_predictors import AppMeanPredictor, HorizonPredictor
+from hexagent_gym.horizon_tracker import MIN_ROWS, ForecastGate
+
+
+def test_an_application_is_trusted_while_its_log_rmse_is_within_the_limit():
+    gate = ForecastGate(0.5)
+    assert gate.trusted("a") and gate.error("a") is None  # nothing on record: used
+    gate.record("a", [math.log(2.0)] * MIN_ROWS, math.log(2.0) + 0.4)  # every error 0.4
+    assert gate.error("a") == pytest.approx(0.4) and gate.trusted("a")
+    gate.record("b", [0.0] * MIN_ROWS, 0.6)  # errors 0.6
+    assert gate.error("b") == pytest.approx(0.6) and not gate.trusted("b")
+    # all applications: 20 at 0.4 and 20 at 0.6 -> sqrt((0.16 + 0.36) / 2)
+    assert gate.error("c") == pytest.approx(math.sqrt(0.26)) and not gate.trusted("c")
+    gate.record("a", [0.0] * MIN_ROWS, 1.0)  # a's forecasts go bad: sqrt((0.16 + 1) / 2)
+    assert gate.error("a") == pytest.approx(math.sqrt(0.58)) and not gate.trusted("a")
+
+
+def test_too_few_forecasts_of_an_application_defer_to_all_of_them():
+    gate = ForecastGate(0.5, warm={None: (0.01 * MIN_ROWS, MIN_ROWS), "x": (9.0, 1)})
+    assert gate.error("x") == pytest.approx(0.1) and gate.trusted("x")  # x's one row: too few
+    assert ForecastGate(None, warm={None: (100.0, MIN_ROWS)}).trusted("x")  # no limit
+
+
+class _Constant(HorizonPredictor):
+    """Forecasts 10 s for every workflow (accurate for few of them) and counts its forecasts."""
+
+    name = "constant"
+    gate = 0.5
+
+    def __init__(self) -> None:
+        self.made: dict[int, int] = {}
+
+    def predict(self, rows):
+        for wf, _ in rows:
+            self.made[wf.uid] = self.made.get(wf.uid, 0) + 1
+        return [10.0] * len(rows)
+
+
+def test_the_gate_scores_exactly_the_forecasts_of_finished_workflows():
+    cfg = EpisodeConfig(cluster="asym-2p8d", trace="bfcl_v3", num_workflows=40,
+                        arrival_rate=40.0, load=None)
+    predictor = _Constant()
+    sim = EpisodeFactory(cfg).simulator(0, horizon_predictor=predictor)
+    gate = sim.horizon_tracker.gate
+    dp = sim.run_until_decision()
+    gated = used = 0
+    while dp is not None:
+        # by hand: every forecast of each finished workflow was 10 s
+        n = sum(predictor.made.get(w.uid, 0) for w in sim.finished)
+        sq = sum(predictor.made.get(w.uid, 0) * (math.log(10.0) - math.log(w.horizon)) ** 2
+                 for w in sim.finished)
+        held = gate._sq.get(None, [0.0, 0])
+        assert held[1] == n and held[0] == pytest.approx(sq, rel=1e-12)
+        for c in dp.calls:
+            w = c.workflow
+            trusted = gate.trusted(w.spec.app_id)
+            assert w.h_pred == (10.0 if trusted else 0.0)
+            used, gated = used + trusted, gated + (not trusted)
+        while not dp.done:
+            dp.pick(*earliest_finish_pick(dp))
+        dp = sim.run_until_decision()
+    assert used > 0 and gated > 0  # used until the finished ones showed how wrong it was
+
+
+def test_app_mean_starts_from_its_warm_in_sample_error():
+    warm = [("a", 1.0), ("a", math.e ** 2)]  # mean of logs 1: each off by 1
+    p = AppMeanPredictor(warm, gate=0.5)
+    assert p.warm_errors() == {"a": (2.0, 2), None: (2.0, 2)}
+    assert p.fresh().warm_errors() == p.warm_errors()
