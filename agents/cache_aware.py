@@ -40,6 +40,7 @@ import numpy as np
 
 from hexagent_gym.agents.base import LeastLoadedPlacement, RankedPolicy
 from hexagent_gym.decisions import DecisionPoint, Stage
+from hexagent_gym.entities import CallState
 
 if TYPE_CHECKING:
     from hexagent_gym.simulator import Simulator
@@ -108,10 +109,15 @@ class SGLangRouter(RankedPolicy):
             if sim is None:
                 raise RuntimeError("SGLangRouter.reset(sim) must run before pick(dp): the "
                                    "router counts the calls queued on each prefill instance")
-            window = {c.uid for c in dp.calls}
+            # the window's queued calls are those waiting for their prefill and placed: count
+            # them off each queue's length, not scan the queue (O(window), docs/overload.md)
+            in_window = [0] * len(sim.prefill)
+            for c in dp.calls:
+                if c.state == CallState.WAITING_PREFILL and c.prefill_inst >= 0:
+                    in_window[c.prefill_inst] += 1
             self._load = np.array(
-                [sum(1 for c in inst.queue if c.uid not in window)
-                 + (inst.running is not None) for inst in sim.prefill], dtype=np.float64)
+                [len(inst.queue) - in_window[p] + (inst.running is not None)
+                 for p, inst in enumerate(sim.prefill)], dtype=np.float64)
             self._load_dp = dp
         return self._load
 

@@ -89,7 +89,8 @@ class Engine(InstanceFlow, PlanFlow):
     def __init__(self, cluster: ClusterSpec, workload: EpisodeWorkload, *,
                  estimation_error: float = 0.0, rng: np.random.Generator | None = None,
                  decisions: bool = True, planning_latency: float | str = 0.0,
-                 max_calls_per_decision: int | None = None, horizons: Any = None,
+                 max_calls_per_decision: int | None = None, plan_depth: int | None = None,
+                 horizons: Any = None,
                  tables: ClusterTables | None = None,
                  prefix_cache: bool = True, prefix_cache_tokens: float | None = None,
                  parallel_sampling: bool = True, length_predictor: Any = "oracle",
@@ -103,9 +104,6 @@ class Engine(InstanceFlow, PlanFlow):
                 isinstance(planning_latency, int | float) and planning_latency >= 0.0):
             raise ValueError("planning_latency must be seconds >= 0 or 'measured', got "
                              f"{planning_latency!r}")
-        if max_calls_per_decision is not None and max_calls_per_decision < 1:
-            raise ValueError(f"max_calls_per_decision must be >= 1 or None, got "
-                             f"{max_calls_per_decision}")
         if decode_admission not in DECODE_ADMISSION:
             raise ValueError(f"decode_admission must be one of {', '.join(DECODE_ADMISSION)}, "
                              f"got {decode_admission!r}")
@@ -140,7 +138,7 @@ class Engine(InstanceFlow, PlanFlow):
             checked_specs.update(map(id, fresh))
         self._decide = decisions
         self._latency = planning_latency
-        self._window = max_calls_per_decision
+        self._init_plan_flow(max_calls_per_decision, plan_depth)
         self._eager_fallback = (not decisions) or planning_latency != 0.0
         self.loads = loads = SchedulerLoads(len(cluster.prefill), len(cluster.decode))
         self.prefill = [PrefillInstance(i, s.gpu, s.latency, loads)
@@ -165,9 +163,6 @@ class Engine(InstanceFlow, PlanFlow):
         self._dirty_prefill: set[int] = set()
         self._dirty_decode: set[int] = set()
         self._dispatch_due = False
-        self._schedule_pushed = [False, False]
-        self._inflight = [False, False]
-        self._replan = [False, False]
         self._pending: DecisionPoint | None = None
         self._done_workflows = 0
         self.prompt_tokens = 0  # prompt tokens of every started call (riders included)
@@ -430,6 +425,7 @@ class Engine(InstanceFlow, PlanFlow):
         call.pf_est = call.pf_cold
         self._waiting_prefill[call.uid] = call
         if self._decide:
+            self._unplaced.append(call)
             if err == 1.0 and call.dec_err == 1.0:
                 est = tables.alone_estimate(alone, call.l_in, own, call.l_out_pred)
             else:

@@ -13,6 +13,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING
 
 from hexagent_gym import kernels
+from hexagent_gym.prefill_queue import PrefillQueue
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -230,7 +231,7 @@ class PrefillInstance:
         self.index = index
         self.gpu = gpu
         self.latency = latency
-        self.queue: list[Call] = []
+        self.queue = PrefillQueue()  # head by queue_key in O(log n): no scan per start
         self.running: Call | None = None
         # its scheduler-visible load lives in the cluster's lists (loads.pf_*[index])
         self.loads = loads if loads is not None else SchedulerLoads(index + 1, 0)
@@ -243,8 +244,8 @@ class PrefillInstance:
                              "Prompt tokens queued or running (the baselines' load signal).")
 
     def pop_next(self) -> Call:
-        """Remove and return the queued call with the smallest key."""
-        return self.queue.pop(head_index(self.queue))
+        """Remove and return the queued call with the smallest key (first queued on ties)."""
+        return self.queue.pop_next()
 
 
 class DecodeInstance:
@@ -262,7 +263,7 @@ class DecodeInstance:
     __slots__ = (
         "index", "gpu", "latency", "capacity", "max_batch", "used_kv", "batch", "v", "t_v",
         "step", "ctx_sum", "version", "waiting", "inbound", "loads", "true_base", "peak_kv",
-        "recomputing", "hold", "admits",
+        "recomputing", "hold", "admits", "queued",
     )
 
     def __init__(self, index: int, gpu: str, latency: LatencyModel, capacity: int,
@@ -291,7 +292,10 @@ class DecodeInstance:
         # Scheduler-visible commitments (calls placed here, from placement until they finish)
         # live in the cluster's lists: loads.dec_*[index]
         self.loads = loads if loads is not None else SchedulerLoads(0, index + 1)
-        self.inbound: dict[int, Call] = {}  # placed here, not admitted yet (uid -> call)
+        # placed here, not admitted yet (uid -> call): ``queued`` those whose prefill has not
+        # started (a plan may still re-place them), ``inbound`` the others
+        self.inbound: dict[int, Call] = {}
+        self.queued: dict[int, Call] = {}
 
     committed_pred = _LoadEntry("dec_pred", "Predicted KV tokens of the calls committed here.")
     committed_count = _LoadEntry("dec_count",
@@ -404,9 +408,14 @@ class SchedulerLoads:
     ``pf_queued`` (seconds of queued work), ``pf_tokens`` (prompt tokens queued or running).
     Decode: ``dec_pred`` (predicted KV tokens committed), ``dec_count`` (calls committed),
     ``dec_ctx`` (Σ L_in + L_out_pred/2 over them). Floats from the start, so Ŝ copies them as
-    they are (sums of token counts are exact in float64)."""
+    they are (sums of token counts are exact in float64).
 
-    __slots__ = ("pf_run_end", "pf_queued", "pf_tokens", "dec_pred", "dec_count", "dec_ctx")
+    ``pf_qtokens`` and ``dec_q*``: the part of ``pf_tokens`` and ``dec_*`` that calls still
+    waiting for their prefill hold (placed, not started), which a ``plan_depth`` snapshot
+    leaves out of Ŝ in O(P + D) (integer and half-integer sums: exact)."""
+
+    __slots__ = ("pf_run_end", "pf_queued", "pf_tokens", "dec_pred", "dec_count", "dec_ctx",
+                 "pf_qtokens", "dec_qpred", "dec_qcount", "dec_qctx")
 
     def __init__(self, num_prefill: int, num_decode: int) -> None:
         self.pf_run_end = [-math.inf] * num_prefill
@@ -415,6 +424,10 @@ class SchedulerLoads:
         self.dec_pred = [0.0] * num_decode
         self.dec_count = [0] * num_decode
         self.dec_ctx = [0.0] * num_decode
+        self.pf_qtokens = [0.0] * num_prefill
+        self.dec_qpred = [0.0] * num_decode
+        self.dec_qcount = [0] * num_decode
+        self.dec_qctx = [0.0] * num_decode
 
 
 def prefill_free_times(run_end: list[float], now: float, queued: list[float]) -> list[float]:

@@ -45,6 +45,8 @@ class EpisodeConfig:
         estimation_error: multiplicative error level e on scheduler-visible estimates.
         planning_latency: seconds from invocation to plan (0 = synchronous) or "measured".
         max_calls_per_decision: window K of calls shown per decision (None = all).
+        plan_depth: re-plan at most the M oldest waiting calls (plus the unplaced ones) per
+            invocation (None = all: exact, cost grows with the queue; docs/overload.md).
         prefix_cache: a prefix (KV) cache on every prefill instance (on by default, as in
             SGLang); False prefills every prompt from scratch.
         prefix_cache_tokens: tokens each prefill instance's cache holds (None: sized from the
@@ -81,6 +83,7 @@ class EpisodeConfig:
     estimation_error: float = 0.0
     planning_latency: float | str = 0.0
     max_calls_per_decision: int | None = None
+    plan_depth: int | None = None
     prefix_cache: bool = True
     prefix_cache_tokens: float | None = None
     prefix_block_tokens: int | None = None
@@ -118,10 +121,12 @@ class EpisodeConfig:
                                  or not 0 <= pl < math.inf):
             raise ConfigError(f"{src}: planning_latency must be finite seconds >= 0 or "
                               f"'measured', got {pl!r}")
-        k = self.max_calls_per_decision
-        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
-            raise ConfigError(f"{src}: max_calls_per_decision must be an integer >= 1 or null, "
-                              f"got {k!r}")
+        for name in ("max_calls_per_decision", "plan_depth"):
+            k = getattr(self, name)
+            if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+                raise ConfigError(f"{src}: {name} must be an integer >= 1 or null, got {k!r}")
+        if self.max_calls_per_decision is not None and self.plan_depth is not None:
+            raise ConfigError(f"{src}: set max_calls_per_decision or plan_depth, not both")
         for name in ("prefix_cache", "parallel_sampling", "free_decode_calls", "record_timeline"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{src}: {name} must be true or false, got "
@@ -335,6 +340,7 @@ class EpisodeFactory:
         return Simulator(self.cluster, work, estimation_error=cfg.estimation_error, rng=rng,
                          decisions=decisions, planning_latency=cfg.planning_latency,
                          max_calls_per_decision=cfg.max_calls_per_decision,
+                         plan_depth=cfg.plan_depth,
                          horizons=self.horizons, tables=self.tables,
                          length_predictor=cfg.length_predictor,
                          length_predictor_params=cfg.predictor_params,

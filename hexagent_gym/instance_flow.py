@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from hexagent_gym.decisions import Stage
 from hexagent_gym.entities import PREEMPTED, UNPLANNED, Call, CallState, head_index
 from hexagent_gym.events import Phase
+from hexagent_gym.plan_flow import queued_share
 from hexagent_gym.serving import call_riders
 
 if TYPE_CHECKING:
@@ -180,6 +181,9 @@ class InstanceFlow:
         p = inst.index
         now = self.now
         del self._waiting_prefill[call.uid]
+        dec = self.decode[call.decode_inst]  # its KV commitment stays, no longer re-placeable
+        dec.inbound[call.uid] = dec.queued.pop(call.uid)
+        queued_share(self.loads, call, p, call.decode_inst, -1)
         call.state = _CALLSTATE_PREFILL
         call.prefill_start = now
         queued = self.loads.pf_queued

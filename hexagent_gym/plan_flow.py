@@ -9,7 +9,14 @@ import itertools
 import time
 
 from hexagent_gym.decisions import DecisionPoint, Stage
-from hexagent_gym.entities import PLANNED, UNPLANNED, Call, CallState, prefill_free_times
+from hexagent_gym.entities import (
+    PLANNED,
+    UNPLANNED,
+    Call,
+    CallState,
+    SchedulerLoads,
+    prefill_free_times,
+)
 from hexagent_gym.events import Phase
 from hexagent_gym.planner import earliest_pair, snapshot
 from hexagent_gym.prefix_cache import match_levels, view_of_levels
@@ -28,6 +35,29 @@ _STAGE_PREFILL = Stage.PREFILL
 
 class PlanFlow:
     """Scheduling invocations and placements."""
+
+    def _init_plan_flow(self, max_calls_per_decision: int | None,
+                        plan_depth: int | None) -> None:
+        """Check and keep the window options (Engine's arguments) and start the bookkeeping.
+
+        Raises:
+            ValueError: a bound below 1, or both set (they are two rules for one window)."""
+        for name, k in (("max_calls_per_decision", max_calls_per_decision),
+                        ("plan_depth", plan_depth)):
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+                raise ValueError(f"{name} must be >= 1 or None, got {k!r}")
+        if max_calls_per_decision is not None and plan_depth is not None:
+            raise ValueError("set max_calls_per_decision or plan_depth, not both")
+        self._window = max_calls_per_decision
+        self._depth = plan_depth
+        # revealed since the last prefill plan was applied, in reveal order: the only waiting
+        # calls that can be unplaced then (so applying a plan never scans the whole queue)
+        self._unplaced: list[Call] = []
+        # the calls each stage's last applied plan ranked: the only ones holding PLANNED keys
+        self._keyed: list[list[Call]] = [[], []]
+        self._schedule_pushed = [False, False]
+        self._inflight = [False, False]
+        self._replan = [False, False]
 
     def _view(self, call: Call) -> None:
         """Refresh the scheduler's view of a waiting call against the caches as they are now:
@@ -57,16 +87,38 @@ class PlanFlow:
             return None
         wall = time.perf_counter()
         k = self._window
-        calls = list(waiting.values()) if k is None else list(itertools.islice(
-            waiting.values(), k))
+        depth = self._depth
+        if k is not None:
+            calls = list(itertools.islice(waiting.values(), k))
+        elif depth is not None and len(waiting) > depth:
+            calls = self._depth_window(stage, waiting, depth)
+        else:
+            calls = list(waiting.values())
         if stage == _STAGE_PREFILL and self.caches is not None:
             for c in calls:
                 self._view(c)
+        # a plan_depth window that leaves waiting calls out: Ŝ leaves out every call still
+        # waiting for its prefill (those left out queue behind the planned ones)
+        skip = depth is not None and k is None and len(self._waiting_prefill) > depth
         state = snapshot(self.tables, self.now, self.loads, self.decode, calls,
-                         stage == _STAGE_PREFILL)
+                         stage == _STAGE_PREFILL, skip)
         state.free_decode = self.free_decode_calls
         self.invocations += 1
         return DecisionPoint(stage, self.now, calls, state, wall)
+
+    def _depth_window(self, stage: Stage, waiting: dict[int, Call], depth: int) -> list[Call]:
+        """``plan_depth``'s window: the ``depth`` oldest waiting calls of the stage and, at the
+        prefill stage, every call not placed yet (revealed since the last prefill plan), oldest
+        first. The others keep their placement and wait behind the planned calls in reveal
+        order (as outside a ``max_calls_per_decision`` window) until they are among the
+        oldest; a bounded window keeps an invocation's cost independent of the queue's length
+        (docs/overload.md)."""
+        calls = list(itertools.islice(waiting.values(), depth))
+        if stage == _STAGE_PREFILL:
+            last = calls[-1].reveal_seq  # the dict is in reveal order: newer calls follow it
+            calls += [c for c in self._unplaced if c.reveal_seq > last and c.prefill_inst < 0
+                      and c.state == _CALLSTATE_WAITING_PREFILL]
+        return calls
 
     def _close_decision(self, dp: DecisionPoint) -> None:
         spent = time.perf_counter() - dp.wall_start
@@ -93,6 +145,9 @@ class PlanFlow:
         """Apply a plan made at ``origin`` to the calls that still wait at that stage (a late
         plan skips calls that started meanwhile)."""
         planned = set()
+        keyed = []
+        previous = self._keyed[stage]
+        prefill = self.prefill
         if stage == _STAGE_PREFILL:
             for rank, (call, p, d, delta) in enumerate(plan):
                 if call.state != _CALLSTATE_WAITING_PREFILL:
@@ -103,11 +158,20 @@ class PlanFlow:
                     self._enqueue_prefill(call, p, d)
                 call.proj_release = origin + delta
                 call.queue_key = PLANNED + rank
-            for call in self._waiting_prefill.values():
-                if call.uid not in planned:
+                prefill[call.prefill_inst].queue.rekey(call)
+                keyed.append(call)
+            # every waiting call the plan left goes behind the planned ones in reveal order:
+            # only the last plan's calls have another key, and only calls revealed since it
+            # can be unplaced (then placed by the fallback, in reveal order as they wait)
+            for call in previous:
+                if call.uid not in planned and call.state == _CALLSTATE_WAITING_PREFILL:
                     call.queue_key = UNPLANNED + call.reveal_seq
-                    if call.prefill_inst < 0:
-                        self._place_fallback(call)
+                    prefill[call.prefill_inst].queue.rekey(call)
+            for call in self._unplaced:
+                if (call.prefill_inst < 0 and call.uid not in planned
+                        and call.state == _CALLSTATE_WAITING_PREFILL):
+                    self._place_fallback(call)
+            self._unplaced = []
         else:
             for rank, (call, _, d, delta) in enumerate(plan):
                 if call.state == _CALLSTATE_WAITING_DECODE:
@@ -117,10 +181,17 @@ class PlanFlow:
                         self._move(call, d)
                         continue
                     call.queue_key = PLANNED + rank
+                    keyed.append(call)
                     self._mark_decode(d)
-            for call in self._waiting_decode.values():
-                if call.uid not in planned and PLANNED <= call.queue_key < UNPLANNED:
-                    call.queue_key = UNPLANNED + next(self._fifo_seq)
+            # a waiting call the plan left that holds a planned key (one of the last plan's)
+            # goes behind the planned ones in FIFO order: new FIFO numbers, handed out in the
+            # queue's order, so the scan runs only when there is such a call
+            if any(c.uid not in planned and c.state == _CALLSTATE_WAITING_DECODE
+                   and PLANNED <= c.queue_key < UNPLANNED for c in previous):
+                for call in self._waiting_decode.values():
+                    if call.uid not in planned and PLANNED <= call.queue_key < UNPLANNED:
+                        call.queue_key = UNPLANNED + next(self._fifo_seq)
+        self._keyed[stage] = keyed
 
     def _move(self, call: Call, d: int) -> None:
         """Re-place a free waiting decode call on decode instance ``d``: its KV is sent again
@@ -186,7 +257,8 @@ class PlanFlow:
         loads.pf_queued[p] += call.pf_queued
         dec = self.decode[d]
         dec.reserve(call)
-        dec.inbound[call.uid] = call
+        dec.queued[call.uid] = call
+        queued_share(loads, call, p, d, 1)
         self._mark_prefill(p)
 
     def _unplace(self, call: Call) -> None:
@@ -201,5 +273,15 @@ class PlanFlow:
         loads.pf_queued[p] = loads.pf_queued[p] - call.pf_queued if src.queue else 0.0
         dec = self.decode[d]
         dec.release(call)
-        del dec.inbound[call.uid]
+        del dec.queued[call.uid]
+        queued_share(loads, call, p, d, -1)
         call.prefill_inst = call.decode_inst = -1
+
+
+def queued_share(loads: SchedulerLoads, call: Call, p: int, d: int, sign: int) -> None:
+    """Add (``sign`` 1) or take back (-1) what a placed call whose prefill has not started holds
+    of the loads (``SchedulerLoads.pf_qtokens`` and ``dec_q*``)."""
+    loads.pf_qtokens[p] += sign * call.l_in
+    loads.dec_qpred[d] += sign * call.kv_pred
+    loads.dec_qcount[d] += sign
+    loads.dec_qctx[d] += sign * call.ctx_share

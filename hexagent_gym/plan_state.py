@@ -51,6 +51,8 @@ class PlanState(Projections):
         self._arrays: dict[str, np.ndarray] = {}
         self._decode = decode
         self._exclude = exclude  # uids being planned: not counted as existing reservations
+        # calls still waiting for their prefill hold no reservation either (snapshot's flag)
+        self.skip_queued = False
         self._releases: dict[int, list[tuple[float, float]]] = {}
         self._pick_log: list[tuple[int, float, float]] = []  # (d, release, tokens) per pick
         self._tau_cache: tuple[np.ndarray, np.ndarray] | None = None
@@ -196,6 +198,7 @@ class PlanState(Projections):
         new._arrays = {}
         new._decode = self._decode
         new._exclude = self._exclude
+        new.skip_queued = self.skip_queued
         new._releases = {d: list(r) for d, r in self._releases.items()}
         new._pick_log = list(self._pick_log)
         tau = self._tau_cache
@@ -321,9 +324,11 @@ class PlanState(Projections):
         for ready, c in inst.recomputing.values():  # admitted, rebuilding its KV: still holds it
             left = max(c.l_out_pred - c.generated, 1.0)
             rel.append((max(ready, now) + left * step, float(c.kv_pred)))
-        for c in inst.inbound.values():
-            if c.uid not in self._exclude:
-                rel.append((max(c.proj_release, now), float(c.kv_pred)))
+        exclude = self._exclude
+        for placed in (inst.inbound,) if self.skip_queued else (inst.inbound, inst.queued):
+            for c in placed.values():
+                if c.uid not in exclude:
+                    rel.append((max(c.proj_release, now), float(c.kv_pred)))
         rel.extend([(when, kv) for dd, when, kv in self._pick_log if dd == d])
         rel.sort()
         self._releases[d] = rel
@@ -344,9 +349,32 @@ _uid = attrgetter("uid")
 
 
 def snapshot(tables: ClusterTables, now: float, loads: SchedulerLoads,
-             decode: list[DecodeInstance], planned: list[Call], prefill_stage: bool) -> PlanState:
+             decode: list[DecodeInstance], planned: list[Call], prefill_stage: bool,
+             skip_queued: bool = False) -> PlanState:
     """Build Ŝ at ``now`` for planning ``planned`` (those calls hold no reservation in Ŝ) from
-    the cluster's scheduler-visible ``loads`` (copied: Ŝ's commits never reach them)."""
+    the cluster's scheduler-visible ``loads`` (copied: Ŝ's commits never reach them).
+
+    ``skip_queued`` (a ``plan_depth`` window that leaves calls out): no call still waiting for
+    its prefill holds a reservation in Ŝ either, planned or not, as when every waiting call is
+    planned: those left out queue behind the planned ones, so the planned calls' projections
+    do not wait for them. O(P + D) from the loads' ``pf_qtokens`` and ``dec_q*`` sums."""
+    if skip_queued:
+        work = [0.0] * len(loads.pf_queued)
+        pf_tokens = [a - b for a, b in zip(loads.pf_tokens, loads.pf_qtokens, strict=True)]
+        tokens = [a - b for a, b in zip(loads.dec_pred, loads.dec_qpred, strict=True)]
+        count = [a - b for a, b in zip(loads.dec_count, loads.dec_qcount, strict=True)]
+        ctx = [a - b for a, b in zip(loads.dec_ctx, loads.dec_qctx, strict=True)]
+        if not prefill_stage:  # the decode window's calls give up their reservations too
+            for c in planned:
+                d = c.decode_inst
+                tokens[d] -= c.kv_pred
+                count[d] -= 1
+                ctx[d] -= c.ctx_share
+        free = prefill_free_times(loads.pf_run_end, now, work)
+        state = PlanState(tables, now, free, tokens, count, ctx, decode,
+                          set(map(_uid, planned)), pf_tokens)
+        state.skip_queued = True
+        return state
     exclude = set(map(_uid, planned))
     work = loads.pf_queued[:]
     pf_tokens = loads.pf_tokens[:]

@@ -43,6 +43,12 @@ class Simulator(Engine):
         max_calls_per_decision: window size K (None = every waiting call). The window holds the
             K oldest waiting calls of the stage; the rest keep their placement and wait FIFO
             behind planned calls until they enter a window.
+        plan_depth: bound M on what an invocation re-plans (None = every waiting call, the
+            exact rule, whose cost per invocation grows with the queue). The window holds the
+            M oldest waiting calls of the stage plus every call not placed yet; the rest keep
+            the placement a policy gave them and wait behind planned calls in reveal order
+            until they are among the M oldest. Changes decisions only while more than M calls
+            wait (docs/overload.md). Exclusive with ``max_calls_per_decision``.
         horizons: cache of standalone horizons H_w to share across episodes on this cluster.
         tables: precomputed cluster tables to share across episodes.
         compute_horizons: compute H_w for each workflow (the standalone runs themselves don't).

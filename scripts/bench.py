@@ -6,6 +6,7 @@ Usage:
     python scripts/bench.py --ci                   # + every policy on small fixed traces;
                                                    #   exit 1 if HexAgent's Req99 regressed
     python scripts/bench.py --ci --update-baseline # rewrite .ci/baseline.json
+    python scripts/bench.py --only-overload        # just the overload table (docs/overload.md)
 Performance figures are printed, never asserted (CI machines are noisy).
 """
 
@@ -28,6 +29,8 @@ from hexagent_gym.agents.regression import (
     save_baseline,
 )
 from hexagent_gym.benchmark import bench_core, bench_timeline
+from hexagent_gym.overload_bench import OVERLOAD_DEPTH, OVERLOAD_SIZES, bench_overload, flat_ratio
+from hexagent_gym.policy import policy_names
 
 BASELINE = Path(__file__).resolve().parent.parent / ".ci" / "baseline.json"
 # the scaling table's row pairs whose ratios the goals name (indices into SCALING_ROWS):
@@ -53,10 +56,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip PPO training throughput (MaskablePPO learn() fps, ~25 s)")
     parser.add_argument("--no-horizon", action="store_true",
                         help="skip the horizon-forecast overhead (two warm-started runs, ~30 s)")
+    parser.add_argument("--no-overload", action="store_true",
+                        help="skip the overload table (every policy at 500 / 2,000 / 5,000 "
+                        "workflows at 40/s, plan_depth 32: several minutes; with --ci it is cut "
+                        "to fcfs and hexagent at 500 / 2,000, about 20 s)")
+    parser.add_argument("--only-overload", action="store_true",
+                        help="print only the overload table")
+    parser.add_argument("--overload-policies", default=None,
+                        help="comma-separated policies of the overload table (default: every "
+                        "registered one; with --ci fcfs,hexagent)")
+    parser.add_argument("--overload-sizes", default=None,
+                        help="comma-separated episode lengths of the overload table (default "
+                        "500,2000,5000; with --ci 500,2000)")
+    parser.add_argument("--plan-depth", type=int, default=OVERLOAD_DEPTH,
+                        help=f"plan_depth of the overload table (default {OVERLOAD_DEPTH}; 0: "
+                        "none, the exact rule whose cost grows with the queue)")
     parser.add_argument("--update-baseline", action="store_true")
     parser.add_argument("--tolerance", type=float, default=0.02,
                         help="allowed relative rise of HexAgent's Req99 (default 0.02)")
     args = parser.parse_args(argv)
+    if args.only_overload:
+        print_overload(args)
+        return 0
 
     off = None
     for cache in (False, True):
@@ -160,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                     + f" (median {statistics.median(rounds):.2f}x)")
             print("  " + "; ".join(pairs))
 
+    if not args.no_overload:
+        print_overload(args)
     if not args.ci:
         return 0
     results = run_ci_cases(seed=args.seed)
@@ -174,6 +197,27 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAIL: {p}", file=sys.stderr)
     print("quality check: " + ("FAILED" if problems else "ok"))
     return 1 if problems else 0
+
+
+def print_overload(args: argparse.Namespace) -> None:
+    """The overload table: wall time per simulated call as the queue grows (docs/overload.md)."""
+    small = args.ci and not args.only_overload
+    policies = (args.overload_policies.split(",") if args.overload_policies
+                else ["fcfs", "hexagent"] if small else policy_names())
+    sizes = ([int(x) for x in args.overload_sizes.split(",")] if args.overload_sizes
+             else [500, 2000] if small else list(OVERLOAD_SIZES))
+    depth = args.plan_depth or None
+    rows = bench_overload(policies, sizes, args.cluster, args.trace, 40.0, depth,
+                          seed=args.seed, repeat=1 if small else args.repeat)
+    print(f"\noverload: {args.cluster} / {args.trace} at 40 workflows/s, plan_depth {depth} "
+          "(us per simulated call, fastest run; ratio: longest episode over shortest, "
+          "goal <= 1.5):")
+    print(f"  {'policy':<24} {'workflows':>9} {'calls':>7} {'seconds':>8} {'us/call':>8} "
+          f"{'picks/call':>10} {'Req99':>7}")
+    for r in rows:
+        print(f"  {r.policy:<24} {r.num_workflows:>9} {r.num_calls:>7} {r.seconds:>8.2f} "
+              f"{r.us_per_call:>8.1f} {r.picks_per_call:>10.1f} {r.req99:>7.3f}")
+    print("  ratio " + ", ".join(f"{p} {flat_ratio(rows, p):.2f}x" for p in policies))
 
 
 if __name__ == "__main__":
