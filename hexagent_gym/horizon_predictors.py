@@ -153,12 +153,20 @@ def _add(sums: dict[Any, list[float]], key: str, value: float) -> None:
         s[1] += 1
 
 
+def scopes(app_id: str) -> tuple[str | None, ...]:
+    """Where an application's forecast errors are pooled, narrowest first: the application id,
+    its family (the part before the first ``/``: ``bfcl_v3`` for ``bfcl_v3/simple``, the trace
+    that declared it) when it has one, and None (every application)."""
+    family, sep, _ = app_id.partition("/")
+    return (app_id, family, None) if sep else (app_id, None)
+
+
 def _add_errors(errors: dict[str | None, tuple[float, int]],
                 scored: Sequence[tuple[str, float, float]]) -> None:
-    """Add (application id, log forecast, log truth) triples to per-application squared-error
-    sums (and to None: all applications)."""
+    """Add (application id, log forecast, log truth) triples to squared-error sums per scope
+    (:func:`scopes`: application, family, all)."""
     for app, forecast, truth in scored:
-        for key in (app, None):
+        for key in scopes(app):
             sq, n = errors.get(key, (0.0, 0))
             errors[key] = (sq + (forecast - truth) ** 2, n + 1)
 

@@ -17,15 +17,15 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from hexagent_gym.horizon_predictors import HorizonPredictor, workflow_features
+from hexagent_gym.horizon_predictors import HorizonPredictor, scopes, workflow_features
 
 if TYPE_CHECKING:
     from hexagent_gym.entities import Workflow
 
 MIN_ROWS = 20
 """Forecasts an application needs on record before its own error decides the gate; below it,
-the error over every application decides, and with fewer than this many on record anywhere,
-forecasts are used."""
+its family's error decides, then every application's; with fewer than this many on record in
+each, forecasts are used."""
 
 
 class ForecastGate:
@@ -34,8 +34,9 @@ class ForecastGate:
     Args:
         limit: the largest log-RMSE (per forecast, over finished workflows) at which an
             application's forecasts are used; None: always used.
-        warm: application id (None: all together) → (sum of squared log errors, forecasts),
-            from the predictor's warm start (:meth:`HorizonPredictor.warm_errors`).
+        warm: scope (:func:`~hexagent_gym.horizon_predictors.scopes`: application id,
+            family, None for all) → (sum of squared log errors, forecasts), from the
+            predictor's warm start (:meth:`HorizonPredictor.warm_errors`).
     """
 
     def __init__(self, limit: float | None,
@@ -51,7 +52,7 @@ class ForecastGate:
         if not log_forecasts:
             return
         sq = sum((f - log_truth) ** 2 for f in log_forecasts)
-        for key in (app_id, None):
+        for key in scopes(app_id):
             s = self._sq.setdefault(key, [0.0, 0])
             s[0] += sq
             s[1] += len(log_forecasts)
@@ -59,9 +60,10 @@ class ForecastGate:
         self.version += 1
 
     def error(self, app_id: str) -> float | None:
-        """The log-RMSE that decides for ``app_id`` (its own, else all applications'), or
-        None with fewer than :data:`MIN_ROWS` forecasts on record."""
-        for key in (app_id, None):
+        """The log-RMSE that decides for ``app_id``: its own, else its family's, else all
+        applications' (:func:`scopes`), or None with fewer than :data:`MIN_ROWS` forecasts on
+        record in each."""
+        for key in scopes(app_id):
             s = self._sq.get(key)
             if s is not None and s[1] >= MIN_ROWS:
                 return math.sqrt(s[0] / s[1])

@@ -10,7 +10,7 @@ import pytest
 
 from hexagent_gym.decisions import earliest_finish_pick
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
-from hexagent_gym.horizon_predictors import AppMeanPredictor, HorizonPredictor
+from hexagent_gym.horizon_predictors import AppMeanPredictor, HorizonPredictor, scopes
 from hexagent_gym.horizon_tracker import MIN_ROWS, ForecastGate
 
 
@@ -25,6 +25,19 @@ def test_an_application_is_trusted_while_its_log_rmse_is_within_the_limit():
     assert gate.error("c") == pytest.approx(math.sqrt(0.26)) and not gate.trusted("c")
     gate.record("a", [0.0] * MIN_ROWS, 1.0)  # a's forecasts go bad: sqrt((0.16 + 1) / 2)
     assert gate.error("a") == pytest.approx(math.sqrt(0.58)) and not gate.trusted("a")
+
+
+def test_an_application_with_few_forecasts_is_judged_by_its_family_first():
+    gate = ForecastGate(0.7)
+    gate.record("lats", [0.0] * 100, 1.0)  # another family: error 1.0, most of the record
+    gate.record("bfcl_v3/simple", [0.0] * MIN_ROWS, 0.3)  # error 0.3
+    gate.record("bfcl_v3/parallel", [0.0] * 3, 0.5)  # too few of its own
+    assert scopes("bfcl_v3/parallel") == ("bfcl_v3/parallel", "bfcl_v3", None)
+    assert scopes("lats") == ("lats", None)
+    # bfcl_v3 holds 20 at 0.3 and 3 at 0.5
+    assert gate.error("bfcl_v3/parallel") == pytest.approx(math.sqrt((20 * 0.09 + 3 * 0.25) / 23))
+    assert gate.trusted("bfcl_v3/parallel") and not gate.trusted("lats")
+    assert not gate.trusted("sharegpt")  # no record, no family: every application's error
 
 
 def test_too_few_forecasts_of_an_application_defer_to_all_of_them():
@@ -78,4 +91,6 @@ def test_app_mean_starts_from_its_warm_in_sample_error():
     warm = [("a", 1.0), ("a", math.e ** 2)]  # mean of logs 1: each off by 1
     p = AppMeanPredictor(warm, gate=0.5)
     assert p.warm_errors() == {"a": (2.0, 2), None: (2.0, 2)}
+    family = AppMeanPredictor([("f/a", 1.0), ("f/a", math.e ** 2)], gate=0.5)
+    assert family.warm_errors() == {"f/a": (2.0, 2), "f": (2.0, 2), None: (2.0, 2)}
     assert p.fresh().warm_errors() == p.warm_errors()
