@@ -33,7 +33,12 @@ import torch as th
 from torch import nn
 from torch.nn import functional as F
 
-from hexagent_gym.envs.encoding import CALL_FEATURES, DECODE_FEATURES, PREFILL_FEATURES
+from hexagent_gym.envs.encoding import (
+    CALL_FEATURES,
+    DECODE_FEATURES,
+    PREFILL_FEATURES,
+    WORKFLOW_FEATURES,
+)
 
 _C = {name: i for i, name in enumerate(CALL_FEATURES)}
 _PRESENT, _PICKED, _AGE, _WAIT, _H_EST = (_C[n] for n in ("present", "picked", "age", "wait",
@@ -55,6 +60,16 @@ N_DELTA = 9
 """Per-triple Δ features (:meth:`EquivariantNet.delta_features`)."""
 PHI_IS_BEST, PHI_IS_TOP = 7, 8
 """Columns of the two HexAgent indicators among the Δ features."""
+WORKFLOW_COLUMNS = tuple(WORKFLOW_FEATURES.index(f) for f in (
+    "h_pred", "horizon", "age_over_horizon", "first_prompt", "revealed"))
+"""Columns of ``obs["workflow"]`` the network reads with ``workflow_feature``. The hashed
+application id (``app_i``) is left out: bucket numbers name applications of one trace, so a
+scorer fit on them would not transfer to another trace family; the forecast Ĥ_w carries what the
+id predicts."""
+N_HORIZON = 3
+"""Per-triple features added by ``workflow_feature`` (:meth:`EquivariantNet.horizon_features`):
+(age + Δ) / max(H_w(t), Ĥ_w), the call's relative horizon risk, and its top indicator."""
+_W_HORIZON = WORKFLOW_FEATURES.index("horizon")
 _BIG = 1e9
 
 
@@ -122,15 +137,24 @@ class EquivariantNet(nn.Module):
             Δ features. Δ already prices the hit in this call's prefill time; the affinity
             also tells where the workflow's prompt stays warm for its next calls. Off by
             default, so models saved without it load unchanged.
+        workflow_feature: read the observation's ``workflow`` key (``workflow_obs=True``: each
+            call's workflow as a front end knows it, docs/horizons.md): its
+            :data:`WORKFLOW_COLUMNS` join the call embedding's inputs, and each triple gets the
+            :data:`N_HORIZON` features of ``hexagent-horizon``'s risk, whose denominator is
+            max(H_w(t), Ĥ_w). :meth:`init_prior` then starts from that rule (the riskiest call
+            by the forecast horizon) instead of HexAgent's. Off by default.
     """
 
     def __init__(self, n_call: int, n_prefill: int, n_decode: int, n_global: int,
                  hidden: int = 64, score_hidden: int = 32, value_hidden: int = 64,
                  prior: float = 0.0, prefill_columns: list[int] | None = None,
-                 decode_columns: list[int] | None = None, cache_feature: bool = False) -> None:
+                 decode_columns: list[int] | None = None, cache_feature: bool = False,
+                 workflow_feature: bool = False) -> None:
         super().__init__()
         self.cache_feature = bool(cache_feature)
-        n_phi = N_DELTA + int(self.cache_feature)
+        self.workflow_feature = bool(workflow_feature)
+        n_wf = 2 * len(WORKFLOW_COLUMNS) if self.workflow_feature else 0
+        n_phi = N_DELTA + N_HORIZON * int(self.workflow_feature) + int(self.cache_feature)
         g = 2 * n_global
         self.prefill_columns = list(range(n_prefill)) if prefill_columns is None \
             else list(prefill_columns)
@@ -142,7 +166,9 @@ class EquivariantNet(nn.Module):
                              persistent=False)
         self.register_buffer("_decode_index", th.tensor(self.decode_columns, dtype=th.long),
                              persistent=False)
-        self.call_mlp = _mlp(2 * n_call + N_REL + g, hidden, hidden)
+        self.register_buffer("_workflow_index", th.tensor(WORKFLOW_COLUMNS, dtype=th.long),
+                             persistent=False)
+        self.call_mlp = _mlp(2 * n_call + N_REL + g + n_wf, hidden, hidden)
         self.context_mlp = _mlp(3 * hidden, hidden, hidden)
         self.prefill_mlp = _mlp(2 * n_prefill + g, hidden, hidden)
         self.decode_mlp = _mlp(2 * n_decode + g, hidden, hidden)
@@ -171,10 +197,15 @@ class EquivariantNet(nn.Module):
         """Start the linear path at HexAgent: weight ``prior`` on each of the two indicators
         (the riskiest call; its argmin-Δ pair), so the untrained policy already prefers
         HexAgent's pick by a factor e^(2·prior) over an unrelated triple, and the rest of the
-        network learns a residual on top of it (trainable, like every other weight)."""
+        network learns a residual on top of it (trainable, like every other weight).
+
+        With ``workflow_feature`` the second indicator is the call with the largest risk under
+        the forecast horizon (``hexagent-horizon``'s pick) and HexAgent's own gets no weight.
+        """
+        top = N_DELTA + 2 if self.workflow_feature else PHI_IS_TOP
         with th.no_grad():
             self.skip_delta.weight[0, PHI_IS_BEST] = self.prior
-            self.skip_delta.weight[0, PHI_IS_TOP] = self.prior
+            self.skip_delta.weight[0, top] = self.prior
 
     # -- pieces ---------------------------------------------------------------------------------
     @staticmethod
@@ -249,16 +280,38 @@ class EquivariantNet(nn.Module):
             calls[b, k, _H_EST].clamp(min=1e-4), rel_risk[b, k])
         return feats, rel_risk, index
 
+    @staticmethod
+    def horizon_features(calls: th.Tensor, delta: th.Tensor, valid: th.Tensor,
+                         workflow: th.Tensor, index: tuple[th.Tensor, ...]) -> th.Tensor:
+        """The :data:`N_HORIZON` features of the valid triples ``index`` (M, N_HORIZON):
+        (age + Δ) / H where H = max(H_w(t), Ĥ_w) is the ``workflow`` key's ``horizon``
+        column, the call's risk (age + min Δ) / H minus the window's largest, and the indicator
+        that the call has the largest such risk (``hexagent-horizon``'s choice of call)."""
+        d = delta.clamp(min=0.0, max=100.0)
+        any_valid = valid.flatten(2).any(dim=-1)
+        dmin_c = _masked_extreme(d, valid, (2, 3), largest=False)[..., 0, 0]  # (B, K)
+        h = workflow[..., _W_HORIZON].clamp(min=1e-4)  # padded rows are 0
+        risk = ((calls[..., _AGE] + dmin_c) / h).clamp(max=100.0)
+        top = _masked_extreme(risk, any_valid, (1,), largest=True)
+        rel = th.where(any_valid, (risk - top).clamp(min=-20.0), 0.0)
+        b, k = index[0], index[1]
+        return th.stack([((calls[b, k, _AGE] + d[index]) / h[b, k]).clamp(max=20.0), rel[b, k],
+                         (rel[b, k] >= -1e-6).to(d.dtype)], dim=-1)
+
     def embed(self, obs: dict[str, th.Tensor]) -> dict[str, th.Tensor]:
         """Embeddings and masks of calls (B, K, H), prefill (B, P, H), decode (B, D, H); the
-        valid triples' indices (``index``) and Δ features (``phi``, (M, N_DELTA), plus the cache
-        affinity column with ``cache_feature``)."""
+        valid triples' indices (``index``) and Δ features (``phi``, (M, N_DELTA), then the
+        :data:`N_HORIZON` columns with ``workflow_feature``, then the cache affinity column with
+        ``cache_feature``)."""
         calls, delta = obs["calls"], obs["delta"]
         g = _expand(obs["globals"])
         B, K = calls.shape[:2]
         valid = delta >= 0.0  # (B, K, P, D): what the env's mask allows
         live = (calls[..., _PRESENT] > 0.5) & (calls[..., _PICKED] < 0.5)
         phi, rel_risk, index = self.valid_delta_features(calls, delta, valid)
+        if self.workflow_feature:
+            wf = obs["workflow"]
+            phi = th.cat([phi, self.horizon_features(calls, delta, valid, wf, index)], dim=-1)
         if self.cache_feature:
             affinity = obs["cached"][index[0], index[1], index[2]]  # (M,): cached[b, k, p]
             phi = th.cat([phi, affinity.unsqueeze(-1)], dim=-1)
@@ -270,8 +323,10 @@ class EquivariantNet(nn.Module):
 
         rel_feats = th.stack([rel_risk, rel(_AGE, True), rel(_WAIT, True),
                               rel(_MIN_DELTA, False)], dim=-1)
-        e_c = _run(self.call_mlp, th.cat([_expand(calls), rel_feats,
-                                          g[:, None, :].expand(B, K, -1)], dim=-1))
+        parts = [_expand(calls), rel_feats, g[:, None, :].expand(B, K, -1)]
+        if self.workflow_feature:
+            parts.append(_expand(obs["workflow"].index_select(-1, self._workflow_index)))
+        e_c = _run(self.call_mlp, th.cat(parts, dim=-1))
         pooled = _masked_pool(e_c, live)
         e_c = e_c + _run(self.context_mlp,
                          th.cat([e_c, pooled[:, None, :].expand(B, K, -1)], dim=-1))
@@ -319,5 +374,5 @@ class EquivariantNet(nn.Module):
         return self.logits(emb), self.value(emb)
 
 
-__all__ = ["N_DELTA", "N_REL", "PHI_IS_BEST", "PHI_IS_TOP", "STATIC_INSTANCE_FEATURES",
-           "EquivariantNet"]
+__all__ = ["N_DELTA", "N_HORIZON", "N_REL", "PHI_IS_BEST", "PHI_IS_TOP",
+           "STATIC_INSTANCE_FEATURES", "WORKFLOW_COLUMNS", "EquivariantNet"]

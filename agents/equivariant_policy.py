@@ -78,6 +78,9 @@ class EquivariantPolicy(MaskableActorCriticPolicy):
             :data:`STATIC_INSTANCE_FEATURES`; ``()`` reads them all).
         cache_feature: the network also reads each call's cache affinity per prefill instance
             (``obs["cached"]``; :class:`EquivariantNet`). Off by default.
+        workflow_feature: the network also reads each call's workflow as a front end knows it
+            (``obs["workflow"]``, env option ``workflow_obs``) and starts from
+            ``hexagent-horizon``'s rule (:class:`EquivariantNet`). Off by default.
         ortho_init: orthogonal init (gain √2 hidden, 0.01 logits, 1 value), as SB3 does.
     """
 
@@ -85,7 +88,8 @@ class EquivariantPolicy(MaskableActorCriticPolicy):
                  lr_schedule: Schedule, hidden: int = 64, score_hidden: int = 32,
                  value_hidden: int = 64, prior: float = 4.0,
                  exclude_features: tuple[str, ...] | list[str] = STATIC_INSTANCE_FEATURES,
-                 ortho_init: bool = True, cache_feature: bool = False, **kwargs: Any) -> None:
+                 ortho_init: bool = True, cache_feature: bool = False,
+                 workflow_feature: bool = False, **kwargs: Any) -> None:
         for key in ("calls", "delta", "prefill", "decode", "globals"):
             if key not in observation_space.spaces:
                 raise ValueError(f"EquivariantPolicy needs the PDClusterEnv Dict observation; "
@@ -100,11 +104,17 @@ class EquivariantPolicy(MaskableActorCriticPolicy):
         if cache_feature and "cached" not in observation_space.spaces:
             raise ValueError("cache_feature=True reads the observation's 'cached' key, which "
                              f"this space lacks: {list(observation_space.spaces)}")
+        if workflow_feature and "workflow" not in observation_space.spaces:
+            raise ValueError("workflow_feature=True reads the observation's 'workflow' key "
+                             "(env option workflow_obs=True), which this space lacks: "
+                             f"{list(observation_space.spaces)}")
         self.arch = {"hidden": int(hidden), "score_hidden": int(score_hidden),
                      "value_hidden": int(value_hidden), "prior": float(prior),
                      "exclude_features": tuple(exclude_features)}
         if cache_feature:  # saved only when on: files without the key load as before
             self.arch["cache_feature"] = True
+        if workflow_feature:
+            self.arch["workflow_feature"] = True
         kwargs.setdefault("features_extractor_class", DictPassThrough)
         super().__init__(observation_space, action_space, lr_schedule, ortho_init=ortho_init,
                          **kwargs)

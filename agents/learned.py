@@ -31,10 +31,12 @@ import torch as th
 from hexagent_gym.agents import equivariant_net as _net
 from hexagent_gym.agents.equivariant_net import (
     N_DELTA,
+    N_HORIZON,
     N_REL,
     PHI_IS_BEST,
     PHI_IS_TOP,
     STATIC_INSTANCE_FEATURES,
+    WORKFLOW_COLUMNS,
     EquivariantNet,
 )
 from hexagent_gym.agents.equivariant_policy import (
@@ -44,7 +46,7 @@ from hexagent_gym.agents.equivariant_policy import (
     make_model,
 )
 from hexagent_gym.agents.saved_models import load_saved_model
-from hexagent_gym.envs.encoding import Encoder
+from hexagent_gym.envs.encoding import Encoder, workflow_rows
 
 if TYPE_CHECKING:
     from hexagent_gym.decisions import DecisionPoint
@@ -72,7 +74,9 @@ class LearnedPolicy:
     :class:`~hexagent_gym.envs.encoding.Encoder` over the episode's simulator) and takes the model's
     deterministic choice among the valid actions, so ``env.rollout(LearnedPolicy(...))`` runs
     on the bare simulator and gives the same picks as ``env.rollout(model)`` through the env.
-    ``predict`` forwards to the model (with masks), for code that steps an env.
+    ``predict`` forwards to the model (with masks), for code that steps an env. A model trained
+    with the env's ``workflow`` key (``workflow_obs=True``) gets it here too, built from the
+    decision's calls as the env builds it (``hexagent_gym.envs.encoding.workflow_rows``).
 
     An equivariant model runs on any cluster and window (the encoder is sized to the episode);
     a ``MultiInputPolicy`` model needs the training shapes (smaller clusters are padded).
@@ -81,7 +85,10 @@ class LearnedPolicy:
         model: a MaskablePPO model, or a path to a saved one (``.zip``); None loads the shipped
             :data:`DEFAULT_MODEL`.
         k: call slots of the encoder (None: the model's training K, grown when a decision shows
-            more calls, e.g. a simulator without a window).
+            more calls). On a simulator without a window (``max_calls_per_decision`` None, the
+            evaluation grid's default) every waiting call of the stage is in the decision, so
+            an equivariant model scores all of them, not only the first K it was trained with;
+            the env (and ``env.rollout``) shows its K oldest.
         time_scale: seconds per time unit of the features; must match training (env default 10).
         deterministic: argmax (True) or sample from the masked distribution (torch's RNG).
         threads: ``torch.set_num_threads`` applied on construction (default 1: a forward pass
@@ -106,6 +113,8 @@ class LearnedPolicy:
         # observation keys the model was trained on: newer env keys (e.g. "cached") are dropped
         # before the model sees them, so models saved before a key was added keep working
         self.keys = tuple(space.spaces)
+        self._workflow_obs = "workflow" in self.keys
+        self._workflow = None  # the open decision's workflow rows (fixed within a decision)
         self.k = k
         self.time_scale = float(time_scale)
         self.deterministic = deterministic
@@ -152,7 +161,11 @@ class LearnedPolicy:
         if dp is not self._dp:
             self._dp = dp
             enc.begin(self._sim, dp, len(self._sim.workload.workflows))
+            if self._workflow_obs:
+                self._workflow = workflow_rows(dp.calls, enc.k, dp.now, 1.0 / self.time_scale)
         obs, mask = enc.observe()
+        if self._workflow_obs:
+            obs["workflow"] = self._workflow
         obs = self.known(obs)
         if self._fast:
             return enc.decode_action(self.policy.greedy_action(obs, mask))
@@ -181,6 +194,7 @@ class LearnedPolicy:
                f"D={self.train_d})"
 
 
-__all__ = ["DEFAULT_MODEL", "MODELS_DIR", "N_DELTA", "N_REL", "PHI_IS_BEST", "PHI_IS_TOP",
-           "POLICY_CLASSES", "STATIC_INSTANCE_FEATURES", "DictPassThrough", "EquivariantNet",
-           "EquivariantPolicy", "LearnedPolicy", "make_model"]
+__all__ = ["DEFAULT_MODEL", "MODELS_DIR", "N_DELTA", "N_HORIZON", "N_REL", "PHI_IS_BEST",
+           "PHI_IS_TOP", "POLICY_CLASSES", "STATIC_INSTANCE_FEATURES", "WORKFLOW_COLUMNS",
+           "DictPassThrough", "EquivariantNet", "EquivariantPolicy", "LearnedPolicy",
+           "make_model"]
