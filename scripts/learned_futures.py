@@ -171,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bc-epochs", type=int, default=FuturesConfig.bc_epochs)
     p.add_argument("--dagger-rounds", type=int, default=FuturesConfig.dagger_rounds)
     p.add_argument("--dagger-episodes", type=int, default=FuturesConfig.dagger_episodes)
+    p.add_argument("--prior", type=float, default=FuturesConfig.prior,
+                   help="initial weight of the network's hexagent-horizon indicators (0: the "
+                        "network starts with no rule and learns the ranking from imitation)")
     p.add_argument("--train-only", action="store_true", help="train the models, evaluate none")
     args = p.parse_args(argv)
     th.set_num_threads(1)  # shared cores; one observation per forward pass
@@ -188,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     for s in (int(x) for x in args.train_seeds.split(",") if x.strip()):
         cfg = FuturesConfig(seed=s, bc_episodes=args.bc_episodes, bc_epochs=args.bc_epochs,
                             dagger_rounds=args.dagger_rounds,
-                            dagger_episodes=args.dagger_episodes)
+                            dagger_episodes=args.dagger_episodes, prior=args.prior)
         name = f"learned-s{s}"
         models[name] = train_seed(s, args.out, trace, cfg)
         if not args.train_only:

@@ -38,7 +38,8 @@ class FuturesConfig:
             are demonstrated (episode seeds ``1000 · seed + i``, DAgger's from
             ``1000 · seed + 500``), so training seeds see different data.
         teacher: registered policy name of the teacher.
-        bc_episodes: teacher episodes cloned first.
+        bc_episodes: teacher episodes cloned first; 0: no training at all (the network's prior
+            alone, the baseline that shows what imitation adds).
         bc_epochs, lr: behaviour-cloning epochs and Adam learning rate.
         dagger_rounds, dagger_episodes: DAgger rounds and the learner's episodes per round.
         dagger_lr: Adam learning rate of DAgger's refits on the aggregated states: lower than
@@ -80,6 +81,13 @@ def train_futures(mixture: str | Mapping[str, Any], config: FuturesConfig = Futu
                                       "prior": config.prior})
     teacher = make_policy(config.teacher)
     base = 1000 * config.seed
+    if config.bc_episodes == 0:  # the untrained network: its prior alone, for comparison
+        if config.dagger_rounds:
+            raise ValueError("DAgger refits cloned states: bc_episodes must be >= 1 with "
+                             "dagger_rounds > 0")
+        nan = float("nan")
+        return model, {"bc_accuracy": nan, "dagger_accuracy": nan, "samples": 0.0,
+                       "train_accuracy": nan, "seconds": time.perf_counter() - start}
     demos = collect_demonstrations(env, range(base, base + config.bc_episodes), teacher=teacher)
     say(f"[seed {config.seed}] {len(demos)} teacher states from {config.bc_episodes} episodes "
         f"({time.perf_counter() - start:.0f} s)")
