@@ -172,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dagger-rounds", type=int, default=FuturesConfig.dagger_rounds)
     p.add_argument("--dagger-episodes", type=int, default=FuturesConfig.dagger_episodes)
     p.add_argument("--prior", type=float, default=FuturesConfig.prior,
-                   help="initial weight of the network's hexagent-horizon indicators (0: the "
-                        "network starts with no rule and learns the ranking from imitation)")
+                   help="initial weight of the network's hexagent-horizon indicators (default "
+                        "0: the network starts with no rule and learns the ranking from "
+                        "imitation; 4: it starts on the teacher's rule)")
     p.add_argument("--train-only", action="store_true", help="train the models, evaluate none")
     args = p.parse_args(argv)
     th.set_num_threads(1)  # shared cores; one observation per forward pass

@@ -47,7 +47,9 @@ class FuturesConfig:
             seeds ended at 59-64 % agreement with the teacher on its own states).
         hidden: embedding width of the equivariant network.
         prior: initial weight of the network's indicators (the forecast-riskiest call, its
-            argmin-Δ pair), so the untrained network starts at the teacher's rule.
+            argmin-Δ pair). 0 (the default): the network starts with no rule and learns the
+            ranking from imitation alone; 4: it starts on the teacher's rule, which it then
+            keeps (docs/learned_futures.md: the untrained network already scores the same).
         value_coef: weight of the critic's regression on returns (kept for a PPO fine-tune).
     """
 
@@ -60,7 +62,7 @@ class FuturesConfig:
     dagger_episodes: int = 3
     dagger_lr: float = 3e-4
     hidden: int = 64
-    prior: float = 4.0
+    prior: float = 0.0
     value_coef: float = 0.5
 
 
