@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NoReturn
 
 import numpy as np
 
+from hexagent_gym.lazy_trace import LazyWorkflows, NoArrivalTimes, TooFewWorkflows
 from hexagent_gym.workload import Trace, WorkflowSpec
 
 
@@ -71,13 +73,21 @@ def sample_episode(trace: Trace, num_workflows: int | None, rng: np.random.Gener
     order of their ``arrival_s`` (ties keep file order), the first ``num_workflows`` of them, and
     the arrival times are kept exactly as given in the file.
 
+    A lazily read trace (``workload.open_trace``) gives the same episode and reads only what it
+    needs: its size and the sampled workflows (Poisson), or the arrival times and the first
+    ``num_workflows`` workflows (replay; a Mooncake file, sorted by time, only its first rows).
+
     Raises:
         ValueError: ``num_workflows`` is not a positive integer, ``arrival_rate`` is not a positive
             finite number, or replay was asked for but the trace has no arrival times (or fewer
             workflows than requested).
         TypeError: ``rng`` is not a ``numpy.random.Generator``.
     """
-    size = len(trace.workflows)
+    # a lazy trace replaying a prefix need not count its lines (a Mooncake file is then read
+    # only as far as the rows replayed); it is never empty (open_trace and split_trace check)
+    counted = not (isinstance(trace.workflows, LazyWorkflows) and arrival_rate is None
+                   and num_workflows is not None)
+    size = len(trace.workflows) if counted else 1
     if size == 0:
         raise ValueError(f"trace '{trace.name}' has no workflows to sample")
     if num_workflows is not None and (isinstance(num_workflows, bool)
@@ -103,21 +113,40 @@ def sample_episode(trace: Trace, num_workflows: int | None, rng: np.random.Gener
 
 
 def _replay(trace: Trace, n: int) -> EpisodeWorkload:
+    if isinstance(trace.workflows, LazyWorkflows):
+        try:
+            indices, times = trace.workflows.replay_order(n)
+        except NoArrivalTimes as exc:
+            _no_arrival(trace, exc.workflow)
+        except TooFewWorkflows as exc:
+            _too_few(trace, n, exc.size)
+        return _episode(trace, indices, times)
     missing = next((w for w in trace.workflows if w.arrival_s is None), None)
     if missing is not None:
-        raise ValueError(f"trace '{trace.name}' ({trace.source}) has no arrival times (workflow "
-                         f"'{missing.workflow_id}' on line {missing.line} has arrival_s = null); "
-                         f"pass arrival_rate to draw Poisson arrivals instead")
+        _no_arrival(trace, missing)
     size = len(trace.workflows)
     if n > size:
-        raise ValueError(f"num_workflows = {n} but trace '{trace.name}' has only {size} "
-                         f"workflows to replay; ask for at most {size} or pass arrival_rate")
+        _too_few(trace, n, size)
     times = np.array([w.arrival_s for w in trace.workflows], dtype=np.float64)
     indices = np.argsort(times, kind="stable")[:n]
     return _episode(trace, indices, times[indices])
 
 
+def _no_arrival(trace: Trace, missing: WorkflowSpec) -> NoReturn:
+        raise ValueError(f"trace '{trace.name}' ({trace.source}) has no arrival times (workflow "
+                         f"'{missing.workflow_id}' on line {missing.line} has arrival_s = null); "
+                         f"pass arrival_rate to draw Poisson arrivals instead")
+
+
+def _too_few(trace: Trace, n: int, size: int) -> NoReturn:
+    raise ValueError(f"num_workflows = {n} but trace '{trace.name}' has only {size} "
+                     f"workflows to replay; ask for at most {size} or pass arrival_rate")
+
+
 def _episode(trace: Trace, indices: np.ndarray, arrivals: np.ndarray) -> EpisodeWorkload:
-    workflows = tuple(trace.workflows[i] for i in indices.tolist())
+    if isinstance(trace.workflows, LazyWorkflows):  # one read of the file for them all
+        workflows = tuple(trace.workflows.take(indices.tolist()))
+    else:
+        workflows = tuple(trace.workflows[i] for i in indices.tolist())
     return EpisodeWorkload(workflows=workflows, arrivals=arrivals,
                            trace_indices=indices.astype(np.int64))

@@ -23,11 +23,12 @@ from hexagent_gym.cluster import ClusterSpec, load_cluster
 from hexagent_gym.config import ConfigError, load_named
 from hexagent_gym.horizon import HorizonCache
 from hexagent_gym.horizon_predictors import HorizonPredictor, RowCollector, make_horizon_predictor
+from hexagent_gym.lazy_trace import LazyWorkflows
 from hexagent_gym.load import offered_load, rate_for_load
 from hexagent_gym.planner import ClusterTables
 from hexagent_gym.predictors import predictor_from_config
 from hexagent_gym.simulator import DECODE_ADMISSION, Simulator
-from hexagent_gym.workload import Trace, load_trace
+from hexagent_gym.workload import Trace, open_trace
 
 
 @dataclass(frozen=True)
@@ -212,7 +213,10 @@ def split_trace(trace: Trace, split: str) -> Trace:
     """
     if split == "all":
         return trace
-    kept = tuple(w for w in trace.workflows if split_of(w.workflow_id) == split)
+    if isinstance(trace.workflows, LazyWorkflows):  # ids only: no workflow is parsed
+        kept: Any = trace.workflows.where_id(lambda wid: split_of(wid) == split)
+    else:
+        kept = tuple(w for w in trace.workflows if split_of(w.workflow_id) == split)
     if not kept:
         raise ConfigError(f"workflow_split: the {split} half of trace '{trace.name}' is empty "
                           f"(its {len(trace.workflows)} workflow(s) all fall in the other half)")
@@ -254,8 +258,15 @@ class EpisodeFactory:
     def __init__(self, config: EpisodeConfig) -> None:
         self.config = config
         self.cluster: ClusterSpec = load_cluster(config.cluster)
-        self.trace: Trace = split_trace(load_trace(config.trace, config.prefix_block_tokens),
-                                        config.workflow_split)
+        # read lazily: an episode parses the workflows it samples (all of them when `load`
+        # sets the rate: the offered load averages over the whole trace). Calls that no decode
+        # instance can hold are errors naming their line, before their block ids are built.
+        # The model's context length is not passed: bfcl_v3 holds a 49,354-token call and
+        # Qwen3's context is 40,960, so existing qwen-* cells would stop running.
+        self.trace: Trace = split_trace(
+            open_trace(config.trace, config.prefix_block_tokens,
+                       max_kv_tokens=self.cluster.max_decode_kv_tokens),
+            config.workflow_split)
         self.tables = ClusterTables(self.cluster)
         self.horizons = HorizonCache(self.cluster, self.tables, **self.serving)
         # ids of the trace's workflow specs whose KV demand and group width an episode checked

@@ -83,6 +83,52 @@ a served model here), checked before anything is allocated from it: a typo such 
 must be an error naming the line, not a multi-gigabyte list of block ids."""
 
 
+MAX_SECONDS = 1e9
+"""Upper bound of any time a trace gives (arrival, tool wait, timestamp; ~31 years): beyond it a
+float64 time's resolution is coarser than a microsecond, so the simulator's sub-millisecond
+steps would round away."""
+
+MAX_LINE_BYTES = 8 * 2**20
+"""Longest line (bytes) a trace may hold, checked while the line is being found, before it is
+decoded: 180x the longest shipped workflow (46 KB); a longer line is almost surely not one
+workflow and would make ``json.loads`` hold many times its size."""
+
+MAX_WORKFLOW_BLOCKS = 2**22
+"""Most prompt block ids one workflow may need (sum over its calls of ``(input + output) //
+block_tokens`` plus one partial block each), checked before any is built: 4M ids are ~150 MB."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceLimits:
+    """What the serving cluster can hold, checked per call before any block id is built.
+
+    ``None`` leaves a bound out (``MAX_TOKENS`` always applies). A call needing more is a
+    :class:`TraceError` naming the file, line, field and the valid range.
+    """
+
+    max_context_tokens: int | None = None
+    """The model's context length: ``input + output`` of one call must not exceed it."""
+    max_kv_tokens: int | None = None
+    """The largest decode instance's KV capacity: ``input + output`` of one call must fit it (a
+    sample group's wider demand is checked when the simulator is built)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_context_tokens", "max_kv_tokens"):
+            v = getattr(self, name)
+            if v is not None and (type(v) is not int or v < 2):
+                raise ValueError(f"{name} must be an integer >= 2 or None, got {v!r}")
+
+    def check(self, source: str, line: int, field: str, who: str, n_in: int, n_out: int) -> None:
+        """Raise a TraceError when ``n_in + n_out`` exceeds a bound (``field`` names the sum)."""
+        need = n_in + n_out
+        for bound, what in ((self.max_context_tokens, "the model's context length"),
+                            (self.max_kv_tokens, "the largest decode instance's KV capacity")):
+            if bound is not None and need > bound:
+                _fail(source, line, field, f"{who}needs {n_in} + {n_out} = {need} tokens, more "
+                      f"than {what} ({bound:,} tokens)", f"valid: input + output in [2, "
+                      f"{bound:,}]; use a cluster that holds it or drop the call")
+
+
 def _where(source: str, line: int) -> str:
     return f"{source}:{line}: " if line else f"{source}: "
 
@@ -91,24 +137,41 @@ def _fail(source: str, line: int, field: str, problem: str, valid: str) -> NoRet
     raise TraceError(f"{_where(source, line)}field '{field}': {problem}; {valid}")
 
 
+def decode_line(raw: bytes | str, source: str, lineno: int) -> Any:
+    """Decode one JSONL line (bytes are UTF-8); every failure is a TraceError naming the line.
+
+    Raises:
+        TraceError: longer than ``MAX_LINE_BYTES``, not UTF-8, not JSON, or nested too deeply.
+    """
+    if len(raw) > MAX_LINE_BYTES:
+        raise TraceError(f"{source}:{lineno}: line of {len(raw):,} bytes, longer than the "
+                         f"{MAX_LINE_BYTES:,} bytes a trace line may hold; one line is one "
+                         f"workflow (or one row)")
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TraceError(f"{source}:{lineno}: not UTF-8 text at byte {exc.start} of the "
+                             f"line; trace files are UTF-8 JSONL") from None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{source}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno}); "
+                         f"each non-blank line must be one JSON object") from None
+    except RecursionError:
+        raise TraceError(f"{source}:{lineno}: JSON nested too deeply for the decoder; a "
+                         f"workflow is a flat object of calls") from None
+
+
 def json_lines(text: str, source: str) -> Iterator[tuple[int, Any]]:
     """Yield ``(line, decoded object)`` for every non-blank line of a JSONL text.
 
     Raises:
         TraceError: a line is not valid JSON (naming the file, line and column).
     """
-    loads = json.loads
     # split("\n") rather than splitlines(): JSON strings may contain U+2028 etc., which
     # splitlines() would treat as line breaks and so shift every later line number.
     for lineno, raw in enumerate(text.split("\n"), start=1):
         if not raw.strip():
             continue
-        try:
-            obj = loads(raw)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{source}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno}); "
-                             f"each non-blank line must be one JSON object") from None
-        except RecursionError:
-            raise TraceError(f"{source}:{lineno}: JSON nested too deeply for the decoder; a "
-                             f"workflow is a flat object of calls") from None
-        yield lineno, obj
+        yield lineno, decode_line(raw, source, lineno)

@@ -20,11 +20,20 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from hexagent_gym.prompts import BlockIds, num_blocks, own_hit_tokens
-from hexagent_gym.specs import MAX_TOKENS, CallSpec, TraceError, WorkflowSpec, _fail, json_lines
+from hexagent_gym.specs import (
+    MAX_SECONDS,
+    MAX_TOKENS,
+    CallSpec,
+    TraceError,
+    TraceLimits,
+    WorkflowSpec,
+    _fail,
+    json_lines,
+)
 
 MOONCAKE_KEYS = frozenset({"timestamp", "input_length", "output_length", "hash_ids"})
 BAILIAN_KEYS = frozenset({"chat_id", "parent_chat_id", "timestamp", "input_length",
@@ -62,14 +71,19 @@ def detect_format(text: str, source: str) -> str | None:
             obj = json.loads(raw)
         except (json.JSONDecodeError, RecursionError):
             return None  # the schema parser reports it with its line number
-        if not isinstance(obj, dict) or "workflow_id" in obj or "calls" in obj:
-            return None
-        keys = set(obj)
-        if keys >= BAILIAN_KEYS:
-            return "bailian"
-        if keys >= MOONCAKE_KEYS:
-            return "mooncake"
+        return format_of_row(obj)
+    return None
+
+
+def format_of_row(obj: Any) -> str | None:
+    """``"mooncake"``, ``"bailian"`` or None (our own schema) from one decoded row's keys."""
+    if not isinstance(obj, dict) or "workflow_id" in obj or "calls" in obj:
         return None
+    keys = set(obj)
+    if keys >= BAILIAN_KEYS:
+        return "bailian"
+    if keys >= MOONCAKE_KEYS:
+        return "mooncake"
     return None
 
 
@@ -89,10 +103,19 @@ def parse_public(fmt: str, text: str, source: str, name: str) -> tuple[WorkflowS
     Raises:
         TraceError: any invalid row; the message names the file, the 1-based line and the field.
     """
+    return parse_public_rows(fmt, json_lines(text, source), source, name)
+
+
+def parse_public_rows(fmt: str, rows: Iterable[tuple[int, Any]], source: str, name: str,
+                      limits: TraceLimits | None = None) -> tuple[WorkflowSpec, ...]:
+    """:func:`parse_public` from decoded ``(line, row)`` pairs (a streamed file); ``limits``
+    are checked on every row before its block ids are built."""
     if fmt == "mooncake":
-        workflows = _parse_mooncake(text, source, name)
+        ids, clock = BlockIds(), _Clock(source)
+        workflows = tuple(mooncake_workflow(row, line, index, ids, source, name, limits, clock)
+                          for index, (line, row) in enumerate(_rows(rows, source, fmt)))
     elif fmt == "bailian":
-        workflows = _parse_bailian(text, source, name)
+        workflows = _parse_bailian(rows, source, name, limits)
     else:
         raise TraceError(f"{source}: unknown public trace format {fmt!r}; expected one of "
                          f"{', '.join(FORMATS)}")
@@ -135,24 +158,29 @@ def ideal_prefix_hit_rate(workflows: Iterable[WorkflowSpec]) -> float:
 
 # ---- shared row checks ---------------------------------------------------------------------------
 
-def _rows(text: str, source: str, fmt: str):
-    """Yield ``(line, row)`` for every non-blank line, checking JSON, object type and keys."""
+def _rows(rows: Iterable[tuple[int, Any]], source: str,
+          fmt: str) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line, row)`` for every decoded row, checking object type and keys."""
+    for lineno, row in rows:
+        yield lineno, check_row(fmt, row, source, lineno)
+
+
+def check_row(fmt: str, row: Any, source: str, lineno: int) -> dict:
+    """``row`` itself once it is an object with every key of ``fmt`` and no foreign key."""
     label = _LABEL[fmt]
     required = _REQUIRED[fmt]
-    foreign = _FOREIGN[fmt]
-    for lineno, row in json_lines(text, source):
-        if not isinstance(row, dict):
-            raise TraceError(f"{source}:{lineno}: expected a JSON object (a {label} row with "
-                             f"{', '.join(required)}), got {type(row).__name__}")
-        for key in required:
-            if key not in row:
-                _fail(source, lineno, key, "missing", f"every row of a {label} trace (format "
-                      f"detected from the first row's keys) needs {', '.join(required)}")
-        for key in foreign:
-            if key in row:
-                _fail(source, lineno, key, f"unexpected in a {label} trace (format detected "
-                      "from the first row's keys)", "one file holds rows of one format only")
-        yield lineno, row
+    if not isinstance(row, dict):
+        raise TraceError(f"{source}:{lineno}: expected a JSON object (a {label} row with "
+                         f"{', '.join(required)}), got {type(row).__name__}")
+    for key in required:
+        if key not in row:
+            _fail(source, lineno, key, "missing", f"every row of a {label} trace (format "
+                  f"detected from the first row's keys) needs {', '.join(required)}")
+    for key in _FOREIGN[fmt]:
+        if key in row:
+            _fail(source, lineno, key, f"unexpected in a {label} trace (format detected "
+                  "from the first row's keys)", "one file holds rows of one format only")
+    return row
 
 
 def _tokens(row: dict, key: str, source: str, line: int) -> int:
@@ -166,6 +194,7 @@ def _tokens(row: dict, key: str, source: str, line: int) -> int:
 
 def _timestamp(row: dict, source: str, line: int, unit: str) -> float:
     value = row["timestamp"]
+    top = MAX_SECONDS * (1000.0 if unit == "milliseconds" else 1.0)
     if (isinstance(value, bool) or not isinstance(value, int | float)
             or not math.isfinite(value)):
         _fail(source, line, "timestamp", f"got {value!r}",
@@ -173,6 +202,9 @@ def _timestamp(row: dict, source: str, line: int, unit: str) -> float:
     if value < 0:
         _fail(source, line, "timestamp", f"negative time {value!r}",
               f"expected a number of {unit} >= 0 since the start of the trace")
+    if value > top:
+        _fail(source, line, "timestamp", f"got {value!r}", f"expected a number of {unit} in "
+              f"[0, {top:.0e}] (finer than a microsecond in float64)")
     return float(value)
 
 
@@ -216,23 +248,27 @@ def _blocks(row: dict, n_in: int, block: int, ids: BlockIds, source: str,
 
 # ---- Mooncake ------------------------------------------------------------------------------------
 
-def _parse_mooncake(text: str, source: str, name: str) -> tuple[WorkflowSpec, ...]:
+def mooncake_workflow(row: dict, line: int, index: int, ids: BlockIds, source: str, name: str,
+                      limits: TraceLimits | None = None,
+                      clock: _Clock | None = None) -> WorkflowSpec:
+    """The one-call workflow of a checked Mooncake row (``index``: its row index from 0).
+
+    ``clock`` checks that timestamps never decrease over the rows it has seen (None: the row is
+    read on its own, out of file order, so the order is not checked).
+    """
     block = MOONCAKE_BLOCK_TOKENS
-    ids = BlockIds()
-    clock = _Clock(source)
-    workflows: list[WorkflowSpec] = []
-    for index, (line, row) in enumerate(_rows(text, source, "mooncake")):
-        ts = _timestamp(row, source, line, "milliseconds")
+    ts = _timestamp(row, source, line, "milliseconds")
+    if clock is not None:
         clock.tick(ts, row["timestamp"], line)
-        n_in = _tokens(row, "input_length", source, line)
-        n_out = _tokens(row, "output_length", source, line)
-        blocks = _blocks(row, n_in, block, ids, source, line)
-        call = CallSpec(id="0", parents=(), children=(), input_tokens=n_in, output_tokens=n_out,
-                        tool_latency_s=0.0, kind="request", blocks=blocks, own_hit=0)
-        workflows.append(WorkflowSpec(workflow_id=f"{name}/{index}", source="mooncake",
-                                      calls=(call,), arrival_s=ts / 1000.0, line=line,
-                                      block_tokens=block, app_id="mooncake"))
-    return tuple(workflows)
+    n_in = _tokens(row, "input_length", source, line)
+    n_out = _tokens(row, "output_length", source, line)
+    if limits is not None:
+        limits.check(source, line, "input_length + output_length", "", n_in, n_out)
+    blocks = _blocks(row, n_in, block, ids, source, line)
+    call = CallSpec(id="0", parents=(), children=(), input_tokens=n_in, output_tokens=n_out,
+                    tool_latency_s=0.0, kind="request", blocks=blocks, own_hit=0)
+    return WorkflowSpec(workflow_id=f"{name}/{index}", source="mooncake", calls=(call,),
+                        arrival_s=ts / 1000.0, line=line, block_tokens=block, app_id="mooncake")
 
 
 # ---- Qwen-Bailian --------------------------------------------------------------------------------
@@ -244,7 +280,8 @@ def _chat_id(row: dict, key: str, source: str, line: int, valid: str) -> int:
     return value
 
 
-def _parse_bailian(text: str, source: str, name: str) -> tuple[WorkflowSpec, ...]:
+def _parse_bailian(rows: Iterable[tuple[int, Any]], source: str, name: str,
+                   limits: TraceLimits | None) -> tuple[WorkflowSpec, ...]:
     block = BAILIAN_BLOCK_TOKENS
     ids = BlockIds()
     clock = _Clock(source)
@@ -252,7 +289,7 @@ def _parse_bailian(text: str, source: str, name: str) -> tuple[WorkflowSpec, ...
     # (chat_id, parent index, input, output, tool latency, kind, blocks, timestamp)
     groups: list[tuple[int, int, float, list[tuple]]] = []
     where: dict[int, tuple[int, int, int]] = {}  # chat_id -> (workflow, call index, line)
-    for line, row in _rows(text, source, "bailian"):
+    for line, row in _rows(rows, source, "bailian"):
         cid = _chat_id(row, "chat_id", source, line, "expected an integer chat id")
         parent = _chat_id(row, "parent_chat_id", source, line,
                           "expected an integer: -1 for a root, else the chat_id of an earlier row")
@@ -260,6 +297,8 @@ def _parse_bailian(text: str, source: str, name: str) -> tuple[WorkflowSpec, ...
         clock.tick(ts, row["timestamp"], line)
         n_in = _tokens(row, "input_length", source, line)
         n_out = _tokens(row, "output_length", source, line)
+        if limits is not None:
+            limits.check(source, line, "input_length + output_length", "", n_in, n_out)
         kind = row.get("type", "")
         if not isinstance(kind, str):
             _fail(source, line, "type", f"got {kind!r}",

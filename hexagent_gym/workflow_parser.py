@@ -19,7 +19,17 @@ from hexagent_gym.prompts import (
     num_blocks,
     own_hit_tokens,
 )
-from hexagent_gym.specs import MAX_TOKENS, CallSpec, TraceError, WorkflowSpec, _fail, _where
+from hexagent_gym.specs import (
+    MAX_SECONDS,
+    MAX_TOKENS,
+    MAX_WORKFLOW_BLOCKS,
+    CallSpec,
+    TraceError,
+    TraceLimits,
+    WorkflowSpec,
+    _fail,
+    _where,
+)
 
 
 def _as_id(value: Any) -> str | None:
@@ -35,7 +45,18 @@ _DEFAULT_IDS = BlockIds()  # for workflows parsed one at a time (parse_workflow,
 
 
 def parse_workflow_object(obj: Any, source: str, line: int, default_source: str,
-                    ids: BlockIds | None = None, block_tokens: int | None = None) -> WorkflowSpec:
+                          ids: BlockIds | None = None, block_tokens: int | None = None,
+                          limits: TraceLimits | None = None) -> WorkflowSpec:
+    """One decoded workflow line as a validated :class:`WorkflowSpec`.
+
+    Every value is checked (type, finiteness, range, ``limits``) before anything is allocated
+    from it: the calls' block ids are built last, from bounded counts (``MAX_TOKENS`` per count,
+    ``MAX_WORKFLOW_BLOCKS`` per workflow). ``ids`` is the trace's block-id allocator (None: a
+    process-wide one), ``block_tokens`` the default block size (None: 512).
+
+    Raises:
+        TraceError: naming ``source``, ``line`` and the field, with the valid range.
+    """
     if not isinstance(obj, dict):
         raise TraceError(f"{_where(source, line)}expected a JSON object (a workflow with "
                          f"'workflow_id' and 'calls'), got {type(obj).__name__}")
@@ -64,9 +85,10 @@ def parse_workflow_object(obj: Any, source: str, line: int, default_source: str,
     arrival = obj.get("arrival_s")
     if arrival is not None:
         if (isinstance(arrival, bool) or not isinstance(arrival, int | float)
-                or not math.isfinite(arrival) or arrival < 0):
+                or not math.isfinite(arrival) or not 0 <= arrival <= MAX_SECONDS):
             _fail(source, line, "arrival_s", f"invalid arrival time {arrival!r}",
-                  "expected a finite number of seconds >= 0, or null to draw arrivals")
+                  f"expected a finite number of seconds >= 0 (at most {MAX_SECONDS:.0e}), or null "
+                  "to draw arrivals")
         arrival = float(arrival)
 
     if "calls" not in obj:
@@ -98,6 +120,9 @@ def parse_workflow_object(obj: Any, source: str, line: int, default_source: str,
         index_of[cid] = i
         n_in = _token_count(call, "input_tokens", source, line, f, cid)
         n_out = _token_count(call, "output_tokens", source, line, f, cid)
+        if limits is not None:
+            limits.check(source, line, f"{f}.input_tokens + output_tokens", f"call '{cid}' ",
+                         n_in, n_out)
         tool = _tool_latency(call, source, line, f, cid)
         kind = call.get("kind", "")
         if not isinstance(kind, str):
@@ -112,6 +137,12 @@ def parse_workflow_object(obj: Any, source: str, line: int, default_source: str,
         for p in parents:
             children[p].append(i)
     block = _block_size(obj, raw_calls, block_tokens, source, line)
+    # derive_blocks builds (input + output) // block ids per call plus a partial one: bound it
+    need = sum((x[1] + x[2]) // block + 1 for x in fields)
+    if need > MAX_WORKFLOW_BLOCKS:
+        _fail(source, line, "calls", f"the calls need {need:,} prompt blocks of {block} tokens",
+              f"a workflow may need at most {MAX_WORKFLOW_BLOCKS:,}: use a larger block size "
+              "(prefix_block_tokens, hash_block_tokens) or split the workflow")
     prompts, own, group, riders = _prompt_identity(obj, raw_calls, fields, parents_of, index_of,
                                                    ids or _DEFAULT_IDS, block, source, line)
     calls = tuple(
@@ -141,7 +172,8 @@ def _app_id(obj: dict, meta: dict, named_source: str, source: str, line: int) ->
 
 
 def _positive_int(value: Any) -> bool:
-    return type(value) is int and value >= 1
+    """An int (not a bool) in [1, MAX_TOKENS]: every token count a trace may give."""
+    return type(value) is int and 1 <= value <= MAX_TOKENS
 
 
 def _block_size(obj: dict, raw_calls: list, default: int | None, source: str,
@@ -156,8 +188,9 @@ def _block_size(obj: dict, raw_calls: list, default: int | None, source: str,
             continue
         value = holder["hash_block_tokens"]
         if not _positive_int(value):
-            _fail(source, line, field, f"got {value!r}", "expected an integer >= 1 (tokens per "
-                  "hash id, e.g. 512 for Mooncake, 16 for Qwen-Bailian)")
+            _fail(source, line, field, f"got {value!r}", f"expected an integer in [1, "
+                  f"{MAX_TOKENS:,}] (tokens per hash id, e.g. 512 for Mooncake, 16 for "
+                  "Qwen-Bailian)")
         if found is not None and value != found:
             _fail(source, line, field, f"{value} differs from {found} given earlier",
                   "one workflow has one block size")
@@ -182,7 +215,7 @@ def _prompt_identity(obj: dict, raw_calls: list, fields: list, parents_of: list,
         tokens = meta.get("system_prefix_tokens")
         if not _positive_int(tokens):
             _fail(source, line, "meta.system_prefix_tokens", f"got {tokens!r}",
-                  "expected an integer >= 1 next to meta.system_prefix_key")
+                  f"expected an integer in [1, {MAX_TOKENS:,}] next to meta.system_prefix_key")
         system = (("system", str(meta["system_prefix_key"])), tokens)
     groups: dict[Any, list[int]] = {}
     for i, call in enumerate(raw_calls):
@@ -210,7 +243,7 @@ def _prompt_identity(obj: dict, raw_calls: list, fields: list, parents_of: list,
             tokens = call.get("shared_prefix_tokens")
             if not _positive_int(tokens):
                 _fail(source, line, f"{f}.shared_prefix_tokens", f"call '{cid}': got {tokens!r}",
-                      "expected an integer >= 1 next to shared_prefix_key")
+                      f"expected an integer in [1, {MAX_TOKENS:,}] next to shared_prefix_key")
             shared[i] = (("shared", str(call["shared_prefix_key"])), tokens)
         if "hash_ids" in call:
             given[i] = _hash_ids(call["hash_ids"], n_in, block, source, line, f, cid)
@@ -276,9 +309,10 @@ def _tool_latency(call: dict, source: str, line: int, f: str, cid: str) -> float
               "expected a finite number of seconds >= 0 (0 for no tool wait)")
     value = call[key]
     if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
-            or value < 0):
+            or not 0 <= value <= MAX_SECONDS):
         _fail(source, line, f"{f}.{key}", f"call '{cid}': got {value!r}",
-              "expected a finite number of seconds >= 0 (0 for no tool wait)")
+              f"expected a finite number of seconds >= 0 (at most {MAX_SECONDS:.0e}; 0 for no "
+              "tool wait)")
     return float(value)
 
 

@@ -7,8 +7,7 @@ arrival; a child is revealed at ``max(parent finish) + tool_latency_s``.
 from __future__ import annotations
 
 import functools
-import gzip
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from importlib import resources
@@ -16,16 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from hexagent_gym.config import suggest
-from hexagent_gym.prompts import BlockIds
-from hexagent_gym.specs import CallSpec, TraceError, WorkflowSpec, _fail, _where, json_lines
+from hexagent_gym.lazy_trace import LazyWorkflows, MooncakeStore, WorkflowStore
+from hexagent_gym.specs import CallSpec, TraceError, TraceLimits, WorkflowSpec, _where, decode_line
+from hexagent_gym.trace_lines import LineIndex
 from hexagent_gym.workflow_parser import parse_workflow_object
 
 # --------------------------------------------------------------------------------------------------
 # Loading and validating traces (JSONL schema: docs/traces.md)
 # --------------------------------------------------------------------------------------------------
 
-__all__ = ["TRACE_NAMES", "CallSpec", "Trace", "TraceError", "WorkflowSpec", "check_kv_demand",
-           "load_trace", "make_workflow", "parse_workflow"]
+__all__ = ["TRACE_NAMES", "CallSpec", "Trace", "TraceError", "TraceLimits", "WorkflowSpec",
+           "check_kv_demand", "load_trace", "make_workflow", "open_trace", "parse_workflow"]
 
 TRACE_NAMES = ("sharegpt", "bfcl_v3", "lats", "mixed", "agent_sessions")
 """Names of the traces shipped in ``hexagent_gym/data/traces`` (as gzip-compressed JSONL)."""
@@ -36,9 +36,11 @@ _TRACE_SUFFIXES = (".jsonl", ".jsonl.gz", ".gz", ".json")
 
 @dataclass(frozen=True)
 class Trace:
-    """A parsed trace: an immutable tuple of workflows plus where it came from.
+    """A parsed trace: an immutable sequence of workflows plus where it came from.
 
-    Two traces compare equal when their names and workflows are equal, wherever the files were
+    ``workflows`` is a tuple (:func:`load_trace`) or a :class:`~hexagent_gym.lazy_trace.
+    LazyWorkflows` that parses each workflow when first read (:func:`open_trace`). Two traces
+    compare equal when their names and workflows are equal, wherever the files were
     (``source`` is excluded from ``==``), so a ``.jsonl`` and its ``.jsonl.gz`` copy are equal.
     """
 
@@ -46,7 +48,7 @@ class Trace:
     """Shipped trace name (``lats``) or, for a user file, the file name without ``.jsonl[.gz]``."""
     source: str = dc_field(compare=False)
     """Path of the file the trace was read from (used in error messages)."""
-    workflows: tuple[WorkflowSpec, ...]
+    workflows: Sequence[WorkflowSpec]
     """Workflows in file order."""
 
     @property
@@ -58,7 +60,9 @@ class Trace:
         return len(self.workflows)
 
 
-def load_trace(name_or_path: str | Path, block_tokens: int | None = None) -> Trace:
+def load_trace(name_or_path: str | Path, block_tokens: int | None = None, *,
+               max_context_tokens: int | None = None,
+               max_kv_tokens: int | None = None) -> Trace:
     """Load a trace by shipped name or by path, validating every workflow.
 
     Args:
@@ -69,26 +73,41 @@ def load_trace(name_or_path: str | Path, block_tokens: int | None = None) -> Tra
             the first row's keys.
         block_tokens: tokens per prompt block for files that carry no block size of their own
             (None: 512). Files with hash ids keep the block size of their format.
+        max_context_tokens: the model's context length: a call whose input + output exceeds
+            it is an error (None: no such bound).
+        max_kv_tokens: the largest decode KV capacity of the cluster: a call whose input +
+            output exceeds it is an error (None: no such bound).
+
+    Every value is checked before anything is allocated from it (``specs.MAX_TOKENS``,
+    ``MAX_SECONDS``, ``MAX_LINE_BYTES``, ``MAX_WORKFLOW_BLOCKS`` and the two bounds above), and
+    the file is read line by line (its text is never held whole).
 
     Returns:
-        The parsed trace. Results are cached per resolved path, modification time and block
-        size, so loading the same unchanged file twice returns the same (immutable) object.
+        The parsed trace. Results are cached per resolved path, modification time, block size
+        and bounds, so loading the same unchanged file twice returns the same (immutable) object.
 
     Raises:
         TraceError: unknown name, unreadable file, or any schema violation (the message names the
             file, the 1-based line and the field).
     """
-    if block_tokens is not None and (isinstance(block_tokens, bool)
-                                     or not isinstance(block_tokens, int) or block_tokens < 1):
-        raise TraceError(f"block_tokens must be an integer >= 1 or None (512), got "
-                         f"{block_tokens!r}")
-    path = _resolve_trace(name_or_path)
-    try:
-        stat = path.stat()
-    except OSError as exc:
-        raise TraceError(f"cannot read trace file '{path}': {exc.strerror}") from exc
-    name = _trace_name_of(path)
-    return _load_cached(str(path), stat.st_mtime_ns, stat.st_size, name, block_tokens)
+    return _load_cached(*_key(name_or_path, block_tokens, max_context_tokens, max_kv_tokens))
+
+
+def open_trace(name_or_path: str | Path, block_tokens: int | None = None, *,
+               max_context_tokens: int | None = None,
+               max_kv_tokens: int | None = None) -> Trace:
+    """Like :func:`load_trace`, but a workflow is read and parsed only when first used.
+
+    The trace's ``workflows`` is a :class:`~hexagent_gym.lazy_trace.LazyWorkflows` (what each
+    use reads: its module docstring): an episode of 10 workflows from a 200k-line file reads the
+    line offsets and parses 10 lines. Only the lines read are validated. Qwen-Bailian files
+    are parsed whole (a conversation's rows may lie anywhere after its root). Cached like
+    :func:`load_trace`; the parsed workflows are shared by every bound.
+
+    Raises:
+        TraceError: as :func:`load_trace`, for the file and for every line when it is read.
+    """
+    return _open_cached(*_key(name_or_path, block_tokens, max_context_tokens, max_kv_tokens))
 
 
 def parse_workflow(obj: Any, source: str = "<dict>", line: int = 0) -> WorkflowSpec:
@@ -212,56 +231,73 @@ def _trace_name_of(path: Path) -> str:
     return name or path.name
 
 
+def _key(name_or_path: str | Path, block_tokens: int | None, max_context_tokens: int | None,
+         max_kv_tokens: int | None) -> tuple:
+    """The cache key of a load: resolved path, modification time and size (an edited file is
+    read again), trace name, block size and bounds."""
+    if block_tokens is not None and (isinstance(block_tokens, bool)
+                                     or not isinstance(block_tokens, int) or block_tokens < 1):
+        raise TraceError(f"block_tokens must be an integer >= 1 or None (512), got "
+                         f"{block_tokens!r}")
+    limits = (TraceLimits(max_context_tokens, max_kv_tokens)
+              if max_context_tokens is not None or max_kv_tokens is not None else None)
+    path = _resolve_trace(name_or_path)
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise TraceError(f"cannot read trace file '{path}': {exc.strerror}") from exc
+    return str(path), stat.st_mtime_ns, stat.st_size, _trace_name_of(path), block_tokens, limits
+
+
 @functools.lru_cache(maxsize=16)
-def _load_cached(path: str, mtime_ns: int, size: int, name: str,
-                 block_tokens: int | None) -> Trace:
-    # mtime_ns and size are only part of the cache key: an edited file is parsed again.
-    del mtime_ns, size
-    return Trace(name=name, source=path, workflows=_parse_file(Path(path), name, block_tokens))
+def _load_cached(path: str, mtime_ns: int, size: int, name: str, block_tokens: int | None,
+                 limits: TraceLimits | None) -> Trace:
+    del mtime_ns, size  # only part of the cache key
+    from hexagent_gym.trace_formats import parse_public_rows
+
+    fmt, index = _open_file(Path(path))
+    if fmt is not None:
+        rows = ((lineno, decode_line(raw, path, lineno)) for _, lineno, raw in index.all_lines())
+        workflows = parse_public_rows(fmt, rows, path, name, limits)
+    else:
+        workflows = tuple(WorkflowStore(index, name, block_tokens).iterate(limits))
+    return Trace(name=name, source=path, workflows=workflows)
+
+
+@functools.lru_cache(maxsize=16)
+def _store_cached(path: str, mtime_ns: int, size: int, name: str,
+                  block_tokens: int | None) -> WorkflowStore | None:
+    """The file's store of parsed workflows (None: a Qwen-Bailian file, parsed whole)."""
+    del mtime_ns, size  # only part of the cache key
+    fmt, index = _open_file(Path(path))
+    if fmt == "bailian":
+        return None
+    return (MooncakeStore if fmt == "mooncake" else WorkflowStore)(index, name, block_tokens)
+
+
+@functools.lru_cache(maxsize=16)
+def _open_cached(path: str, mtime_ns: int, size: int, name: str, block_tokens: int | None,
+                 limits: TraceLimits | None) -> Trace:
+    store = _store_cached(path, mtime_ns, size, name, block_tokens)
+    if store is None:
+        return _load_cached(path, mtime_ns, size, name, block_tokens, limits)
+    return Trace(name=name, source=path, workflows=LazyWorkflows(store, None, limits))
 
 
 # ---- parsing -------------------------------------------------------------------------------------
 
-def _read_text(path: Path) -> str:
-    try:
-        data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except OSError as exc:  # includes gzip.BadGzipFile
-        detail = exc.strerror or str(exc)
-        raise TraceError(f"cannot read trace file '{path}': {detail}") from exc
-    except EOFError as exc:
-        raise TraceError(f"cannot read trace file '{path}': truncated gzip data") from exc
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: not UTF-8 text at byte {exc.start}; trace files are JSONL "
-                         f"(one UTF-8 JSON object per line)") from exc
+def _open_file(path: Path) -> tuple[str | None, LineIndex]:
+    """The file's format (None: our schema) from its first row, and its line index (one row
+    read); an empty file is an error."""
+    from hexagent_gym.trace_formats import format_of_row
 
-
-def _parse_file(path: Path, name: str, block_tokens: int | None) -> tuple[WorkflowSpec, ...]:
-    from hexagent_gym.trace_formats import detect_format, parse_public
-
-    source = str(path)
-    text = _read_text(path)
-    fmt = detect_format(text, source)
-    if fmt is not None:
-        return parse_public(fmt, text, source, name)
-    ids = BlockIds()
-    workflows: list[WorkflowSpec] = []
-    first_line: dict[str, int] = {}
-    for lineno, obj in json_lines(text, source):
-        wf = parse_workflow_object(obj, source, lineno, default_source=name, ids=ids,
-                             block_tokens=block_tokens)
-        if workflows and wf.block_tokens != workflows[0].block_tokens:
-            _fail(source, lineno, "hash_block_tokens", f"{wf.block_tokens} differs from "
-                  f"{workflows[0].block_tokens} on line {workflows[0].line}",
-                  "every workflow of one trace must use the same block size")
-        earlier = first_line.get(wf.workflow_id)
-        if earlier is not None:
-            _fail(source, lineno, "workflow_id", f"duplicate workflow id '{wf.workflow_id}' (lines "
-                  f"{earlier} and {lineno})", "workflow ids must be unique within a file")
-        first_line[wf.workflow_id] = lineno
-        workflows.append(wf)
-    if not workflows:
-        raise TraceError(f"{source}: the trace file is empty (no workflows); expected one JSON "
+    index = LineIndex(path)
+    if index.ensure(1) == 0:
+        raise TraceError(f"{path}: the trace file is empty (no workflows); expected one JSON "
                          f"object per line, see the schema in the traces README")
-    return tuple(workflows)
+    (_, lineno, raw), = index.lines([0])
+    try:
+        first = decode_line(raw, str(path), lineno)
+    except TraceError:
+        return None, index  # our parser reports it when it reads the line
+    return format_of_row(first), index
