@@ -15,7 +15,9 @@ cells.jsonl (one line per finished cell; --resume skips those), results.json (ta
 every cell with per-workflow ratios), tables.md, failures.jsonl (cells that raised), and with
 --plot the PNG figures. A failed cell is reported with its parameters and error after the
 tables, the other cells are kept, and the exit status is 1; --resume retries only the failed and
-missing cells. Schema and outputs: docs/evaluation.md; Ray: docs/distributed.md.
+missing cells. --cell-timeout S fails a cell that runs longer than S seconds and goes on. Ctrl-C
+(SIGINT) or SIGTERM keeps every finished cell, says how many in one line and exits with 130 / 143;
+--resume continues. Schema and outputs: docs/evaluation.md; Ray: docs/distributed.md.
 
 --timeline DIR runs one cell of the grid instead (the first, or the first of --timeline-policy)
 with its timeline recorded and writes DIR/<cell>.json, a Chrome trace for https://ui.perfetto.dev,
@@ -42,6 +44,8 @@ from hexagent_gym.experiments import (
 from hexagent_gym.experiments.cell_log import OutputLocked
 from hexagent_gym.experiments.cells import cell_episode
 from hexagent_gym.experiments.grid import Experiment
+from hexagent_gym.experiments.interrupts import RunInterrupted
+from hexagent_gym.experiments.worker_pool import check_cell_timeout
 
 
 def _list(kind: type):
@@ -171,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
                         "py_modules), for cluster nodes without the repository")
     parser.add_argument("--fail-fast", action="store_true",
                         help="stop at the first failing cell instead of running the others")
+    parser.add_argument("--cell-timeout", type=float, metavar="SECONDS",
+                        help="local backend: a cell running longer fails (CellTimeout in "
+                        "failures.jsonl) and the grid goes on; its worker process is killed and "
+                        "replaced (cells then run in worker processes, one without --workers)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--timeline", type=Path, metavar="DIR",
                         help="instead of evaluating the grid, run one cell (the grid's first "
@@ -200,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
                      "set their CPUs (ray start --num-cpus N)")
     if args.workers is not None and args.workers < 1:
         parser.error("--workers must be >= 1")
+    try:
+        check_cell_timeout(args.cell_timeout, "--cell-timeout")
+    except ConfigError as exc:
+        parser.error(str(exc))
+    if args.cell_timeout is not None and args.backend == "ray":
+        parser.error("--cell-timeout applies to the local backend only")
     if args.timeline is None:
         for flag in ("timeline_policy", "timeline_workflow"):
             if getattr(args, flag) is not None:
@@ -248,7 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ev = evaluate(exp, out, resume=args.resume, workers=args.workers,
                       progress=not args.quiet, backend=args.backend, address=args.address,
-                      chunk_size=args.chunk_size, fail_fast=args.fail_fast, ray_init=ray_init)
+                      chunk_size=args.chunk_size, fail_fast=args.fail_fast, ray_init=ray_init,
+                      cell_timeout=args.cell_timeout)
     except (ImportError, ConnectionError) as exc:
         if args.backend != "ray":
             raise
@@ -257,7 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OutputLocked) as exc:  # e.g. --seeds 0,0; another run on --out
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except RunInterrupted as exc:  # SIGINT or SIGTERM: the finished cells are written
+        print(exc.message(), file=sys.stderr)
+        return exc.exit_status
+    except KeyboardInterrupt:  # before the cells ran (e.g. while reading cells.jsonl)
         print(f"\ninterrupted: the finished cells are in {out / 'cells.jsonl'}; add --resume "
               f"to continue", file=sys.stderr)
         return 130

@@ -103,6 +103,7 @@ class CellLog:
     Opening starts ``cells.jsonl`` afresh, or with ``resume`` keeps it (minus a torn last
     line) and exposes its records of the wanted keys as :attr:`finished`. A stale
     ``failures.jsonl`` is removed either way: this run retries every cell that failed before.
+    :attr:`path` is the ``cells.jsonl`` file.
 
     Args:
         out_dir: the output directory (created if missing).
@@ -117,7 +118,7 @@ class CellLog:
                  timing: bool = True) -> None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        path = out / CELLS_FILE
+        path = self.path = out / CELLS_FILE
         self._lock = _lock(out)
         self.finished: dict[str, dict[str, Any]] = {}
         self.quarantined: list[tuple[int, str]] = []

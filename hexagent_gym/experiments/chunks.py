@@ -1,8 +1,8 @@
 """Units of work: cells grouped by episode factory, groups cut into chunks, one chunk per task.
 
-Shared by the local process pool (:mod:`hexagent_gym.experiments.runner`) and the Ray backend
-(:mod:`hexagent_gym.experiments.ray_backend`), so both cut a grid the same way and run a chunk
-with the same per-process factory cache.
+Shared by the local process pool (:mod:`hexagent_gym.experiments.worker_pool`) and the Ray
+backend (:mod:`hexagent_gym.experiments.ray_backend`), so both cut a grid the same way and run a
+chunk with the same per-process factory cache.
 """
 
 from __future__ import annotations
@@ -59,10 +59,18 @@ def auto_chunk_size(groups: Sequence[Sequence[Cell]], cpus: float,
     return max(1, math.ceil(sum(len(g) for g in groups) / target))
 
 
-def run_chunk(cells: Sequence[Cell], timing: bool = True) -> list[dict[str, Any] | CellFailure]:
-    """The body of one task (a local pool job or a Ray task): run the cells with this process's
-    factory cache, turning a cell that raises into a :class:`CellFailure`."""
+def process_factories() -> FactoryCache:
+    """This process's factory cache (:data:`FACTORY_CACHE_SIZE` entries), built on first use:
+    a worker keeps its factories across the tasks it runs."""
     global _process_factories
     if _process_factories is None:
         _process_factories = FactoryCache(FACTORY_CACHE_SIZE)
-    return run_cells(cells, timing, factories=_process_factories, catch=True)
+    return _process_factories
+
+
+def run_chunk(cells: Sequence[Cell], timing: bool = True) -> list[dict[str, Any] | CellFailure]:
+    """The body of one Ray task: run the cells with this process's factory cache
+    (:func:`process_factories`), turning a cell that raises into a :class:`CellFailure`. (The
+    local pool runs a chunk the same way, one cell at a time so that each record streams back
+    as it finishes: :mod:`hexagent_gym.experiments.worker_pool`.)"""
+    return run_cells(cells, timing, factories=process_factories(), catch=True)

@@ -1,5 +1,7 @@
 """Running an experiment's cells: resume from ``cells.jsonl``, run the rest in this process, a
-local process pool or on Ray, write each record as it finishes, keep failures apart.
+local process pool (:mod:`hexagent_gym.experiments.worker_pool`) or on Ray, write each record as
+it finishes, keep failures apart, and stop on SIGINT/SIGTERM without losing a finished cell
+(:mod:`hexagent_gym.experiments.interrupts`).
 
 The Ray backend (:mod:`hexagent_gym.experiments.ray_backend`) is imported only when asked for,
 so the runner works without ray installed.
@@ -8,27 +10,25 @@ so the runner works without ray installed.
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
 from hexagent_gym.config import ConfigError
 from hexagent_gym.experiments.cell_log import CellLog
 from hexagent_gym.experiments.cells import Cell, CellError, CellFailure, FactoryCache, run_cells
-from hexagent_gym.experiments.chunks import (
-    auto_chunk_size,
-    chunk_cells,
-    factory_groups,
-    run_chunk,
-)
+from hexagent_gym.experiments.chunks import auto_chunk_size, chunk_cells, factory_groups
 from hexagent_gym.experiments.grid import Experiment
+from hexagent_gym.experiments.interrupts import RunInterrupted, StopSignals
 from hexagent_gym.experiments.result import Evaluation
+from hexagent_gym.experiments.worker_pool import WorkerPool, check_cell_timeout
 
 BACKENDS = ("local", "ray")
-"""``local``: this process, or a process pool with ``workers > 1``; ``ray``: Ray tasks
-(:mod:`hexagent_gym.experiments.ray_backend`, needs ``pip install "hexagent-gym[distributed]"``)."""
+"""``local``: this process, or a process pool with ``workers > 1`` or a ``cell_timeout``;
+``ray``: Ray tasks (:mod:`hexagent_gym.experiments.ray_backend`, needs
+``pip install "hexagent-gym[distributed]"``)."""
 
 
 def evaluate(experiment: Experiment, out_dir: str | Path | None = None, *, resume: bool = False,
@@ -36,7 +36,8 @@ def evaluate(experiment: Experiment, out_dir: str | Path | None = None, *, resum
              backend: str = "local", address: str | None = None,
              chunk_size: int | None = None, fail_fast: bool = False,
              on_record: Callable[[dict[str, Any]], None] | None = None,
-             ray_init: Mapping[str, Any] | None = None) -> Evaluation:
+             ray_init: Mapping[str, Any] | None = None,
+             cell_timeout: float | None = None) -> Evaluation:
     """Run an experiment's cells and collect their records.
 
     Every backend gives the same records (apart from the wall-clock ``timing`` blocks): a cell's
@@ -62,14 +63,27 @@ def evaluate(experiment: Experiment, out_dir: str | Path | None = None, *, resum
         chunk_size: ``ray`` only: cells per Ray task, cut from the cells of one factory (0:
             whole factory groups; None: whole groups unless there are fewer than two per
             cluster CPU, :func:`auto_chunk_size`).
-        fail_fast: stop at the first failing cell (``local`` serial: its exception propagates;
-            otherwise :class:`CellError`). Without it a failing cell becomes a
-            :class:`CellFailure` in ``Evaluation.failures`` and the other cells run on.
+        fail_fast: stop at the first failing cell (``local`` serial without ``cell_timeout``:
+            its exception propagates; otherwise :class:`CellError`). Without it a failing cell
+            becomes a :class:`CellFailure` in ``Evaluation.failures`` and the other cells run on.
         on_record: called with each finished record right after it is written.
         ray_init: extra keyword arguments for ``ray.init`` (e.g. ``runtime_env``).
+        cell_timeout: ``local`` only: seconds a cell may run (None: no limit). A cell that runs
+            longer becomes a failure (``CellTimeout``) and the grid goes on; its worker process
+            is killed and replaced. Cells then always run in worker processes (one with
+            ``workers`` None or 1), since only a process can be stopped anywhere, even inside C
+            code.
+
+    SIGINT (Ctrl-C) and SIGTERM, while the cells run in the main thread's call, stop the run
+    without losing a finished cell: every record already finished (with the pool: every one the
+    workers sent back) is written, the workers are stopped, and :class:`RunInterrupted` (a
+    ``KeyboardInterrupt``) says how many cells are kept; ``resume=True`` runs the rest.
 
     Raises:
-        ValueError: an unknown backend, or Ray options without ``backend="ray"``.
+        RunInterrupted: SIGINT or SIGTERM (or a ``KeyboardInterrupt`` from ``on_record``).
+        ValueError: an unknown backend, Ray options without ``backend="ray"``, or
+            ``cell_timeout`` with ``backend="ray"``.
+        ConfigError: ``cell_timeout`` is not a finite number > 0.
         ConfigError: the grid lists the same cell twice.
         ImportError, ConnectionError: ``ray`` missing, or ``address`` unreachable; raised
             before ``out_dir`` is touched.
@@ -80,6 +94,9 @@ def evaluate(experiment: Experiment, out_dir: str | Path | None = None, *, resum
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     if backend != "ray" and (address is not None or ray_init):
         raise ValueError("address and ray_init apply to backend='ray' only")
+    cell_timeout = check_cell_timeout(cell_timeout, "cell_timeout")
+    if backend == "ray" and cell_timeout is not None:
+        raise ValueError("cell_timeout applies to backend='local' only")
     if backend == "ray":  # fail before touching cells.jsonl
         from hexagent_gym.experiments.ray_backend import check_reachable, require_ray
 
@@ -98,6 +115,11 @@ def evaluate(experiment: Experiment, out_dir: str | Path | None = None, *, resum
     reused = len(cells) - len(todo)
     failures: list[CellFailure] = []
     bar = tqdm(total=len(todo), disable=not progress, unit="cell", dynamic_ncols=True)
+    workers_n = 1 if workers is None else workers
+    pooled = backend == "local" and (workers_n > 1 or cell_timeout is not None)
+    # with the pool, cells run elsewhere: a signal only asks, and the pool stops where nothing
+    # is lost; in this process, it must raise to stop the running cell
+    stop = StopSignals(immediate=not pooled)
     try:
         def finish(rec: dict[str, Any]) -> None:
             done[rec["key"]] = rec
@@ -117,23 +139,34 @@ def evaluate(experiment: Experiment, out_dir: str | Path | None = None, *, resum
                 raise CellError(failure)
 
         groups = list(factory_groups(todo))
-        workers_n = 1 if workers is None else workers
-        if backend == "ray":
-            from hexagent_gym.experiments.ray_backend import ray_outcomes
+        with stop:
+            if backend == "ray":
+                from hexagent_gym.experiments.ray_backend import ray_outcomes
 
-            outcomes: Iterator[dict[str, Any] | CellFailure] = ray_outcomes(
-                groups, timing=timing, address=address, num_cpus=workers,
-                chunk_size=chunk_size, init_kwargs=ray_init)
-        elif workers_n <= 1:
-            outcomes = _serial_outcomes(groups, timing, catch=not fail_fast, bar=bar)
-        else:
-            outcomes = _pool_outcomes(groups, timing, workers_n)
-        with contextlib.closing(outcomes):
-            for outcome in outcomes:
-                if isinstance(outcome, CellFailure):
-                    fail(outcome)
-                else:
-                    finish(outcome)
+                outcomes: Iterator[dict[str, Any] | CellFailure] = ray_outcomes(
+                    groups, timing=timing, address=address, num_cpus=workers,
+                    chunk_size=chunk_size, init_kwargs=ray_init)
+            elif pooled:
+                # Whole factory groups share one factory build, but a grid with fewer groups
+                # than workers (one cluster and trace, many seeds) would leave workers idle: cut
+                # groups into chunks then.
+                chunks = chunk_cells(groups, auto_chunk_size(groups, workers_n))
+                outcomes = WorkerPool(chunks, workers_n, timing=timing, cell_timeout=cell_timeout,
+                                      stop=stop).outcomes()
+            else:
+                outcomes = _serial_outcomes(groups, timing, catch=not fail_fast, bar=bar)
+            with contextlib.closing(outcomes):
+                for outcome in outcomes:
+                    with stop.held():  # a record is written whole, or not at all
+                        if isinstance(outcome, CellFailure):
+                            fail(outcome)
+                        else:
+                            finish(outcome)
+            stop.check()  # a signal after the last cell still stops the caller
+    except KeyboardInterrupt as exc:  # RunInterrupted, or Ctrl-C under a handler of the caller's
+        signum = exc.signum if isinstance(exc, RunInterrupted) else signal.SIGINT
+        path = None if log is None else log.path
+        raise RunInterrupted(signum, sum(k in done for k in keys), len(keys), path) from None
     finally:
         bar.close()
         if log is not None:
@@ -153,21 +186,3 @@ def _serial_outcomes(groups: Sequence[list[Cell]], timing: bool, *, catch: bool,
         for cell in group:
             bar.set_postfix_str(cell.describe(), refresh=False)
             yield from run_cells([cell], timing, factories=cache, catch=catch)
-
-
-def _pool_outcomes(groups: Sequence[list[Cell]], timing: bool,
-                   workers: int) -> Iterator[dict[str, Any] | CellFailure]:
-    # Whole factory groups share one factory build, but a grid with fewer groups than workers
-    # (one cluster and trace, many seeds) would leave workers idle: cut groups into chunks then.
-    chunks = chunk_cells(groups, auto_chunk_size(groups, workers))
-    pool = ProcessPoolExecutor(max_workers=workers)
-    futures = {pool.submit(run_chunk, c, timing): c for c in chunks}
-    try:
-        for fut in as_completed(futures):
-            try:
-                outs = fut.result()
-            except Exception as exc:  # the worker died (BrokenProcessPool) or did not unpickle
-                outs = [CellFailure.of(c, exc) for c in futures[fut]]
-            yield from outs
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
