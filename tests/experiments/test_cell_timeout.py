@@ -15,7 +15,7 @@ from hexagent_gym.config import ConfigError
 from hexagent_gym.experiments import FAILURES_FILE, PolicySpec, evaluate, read_cells
 from hexagent_gym.experiments.chunks import process_factories
 from hexagent_gym.experiments.worker_pool import check_cell_timeout
-from scripts.evaluate import main
+from hexagent_gym.scripts.evaluate import main
 from tests.experiments.slow_policy import (
     EVALUATE,
     ROOT,
