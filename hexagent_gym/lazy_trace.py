@@ -67,6 +67,9 @@ class WorkflowStore:
         self.block_tokens = block_tokens
         self.ids = BlockIds()
         self.parsed: dict[int, WorkflowSpec] = {}
+        # (workflow id(), context bound, KV bound) already checked: an env resets every episode
+        # and samples the same workflows again, and the check is per call
+        self._passed: set[tuple[int, int | None, int | None]] = set()
         self._first_line: dict[str, int] = {}  # workflow id -> line, of the parsed workflows
         self._first: WorkflowSpec | None = None  # the first parsed (block-size check)
         self._columns: tuple[list[str], array] | None = None
@@ -102,10 +105,14 @@ class WorkflowStore:
         """A cached workflow, checked against ``limits`` (it may have been parsed under
         others: the check is O(calls) and allocates nothing)."""
         if limits is not None:
+            key = (id(wf), limits.max_context_tokens, limits.max_kv_tokens)
+            if key in self._passed:  # the parsed workflows live as long as the store
+                return wf
             for i, c in enumerate(wf.calls):
                 who = f"call '{c.id}' " if len(wf.calls) > 1 or c.id != "0" else ""
                 limits.check(self.source, wf.line, self.limit_field.format(i=i), who,
                              c.input_tokens, c.output_tokens)
+            self._passed.add(key)
         return wf
 
     def get_many(self, positions: Sequence[int],
