@@ -172,7 +172,8 @@ def _add_errors(errors: dict[str | None, tuple[float, int]],
 
 
 def _check_gate(gate: float | None) -> float | None:
-    if gate is not None and not (isinstance(gate, (int, float)) and math.isfinite(gate)
+    if gate is not None and not (isinstance(gate, (int, float)) and not isinstance(gate, bool)
+                                 and math.isfinite(gate)
                                  and gate > 0.0):
         raise ValueError(f"gate must be a log-RMSE > 0 or None (always use forecasts), "
                          f"got {gate!r}")
@@ -226,7 +227,8 @@ class LearnedPredictor(HorizonPredictor):
             raise ValueError(f"quantile must be in (0, 1) or None (the mean), got {quantile!r}")
         if not isinstance(first_fit, int) or isinstance(first_fit, bool) or first_fit < 1:
             raise ValueError(f"first_fit must be a workflow count >= 1, got {first_fit!r}")
-        if not (isinstance(refit_growth, (int, float)) and math.isfinite(refit_growth)
+        if not (isinstance(refit_growth, (int, float)) and not isinstance(refit_growth, bool)
+                and math.isfinite(refit_growth)
                 and refit_growth > 0.0):
             raise ValueError(f"refit_growth must be a fraction > 0, got {refit_growth!r}")
         self.quantile = quantile
