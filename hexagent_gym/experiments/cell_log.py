@@ -150,7 +150,31 @@ class CellLog:
 
     def close(self) -> None:
         self._sink.close()
+        _HELD_LOCKS.discard(self._lock)
         self._lock.close()  # releases the lock
+
+
+_HELD_LOCKS: set[Any] = set()  # this process's open lock files
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child (a pool worker): point the inherited lock descriptors at /dev/null.
+    An flock belongs to the open file, which a fork shares, so a worker that outlived its
+    parent would otherwise keep ``--out`` locked; the descriptor numbers stay valid (dup2, not
+    close), so the child's copy of the file object closes harmlessly."""
+    if not _HELD_LOCKS:
+        return
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for handle in _HELD_LOCKS:
+            os.dup2(null, handle.fileno())
+    finally:
+        os.close(null)
+    _HELD_LOCKS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_locks)
 
 
 def _lock(out: Path) -> Any:
@@ -177,6 +201,7 @@ def _lock(out: Path) -> Any:
     handle.truncate()
     handle.write(str(os.getpid()))
     handle.flush()
+    _HELD_LOCKS.add(handle)
     return handle
 
 
