@@ -46,6 +46,23 @@ def test_too_few_forecasts_of_an_application_defer_to_all_of_them():
     assert ForecastGate(None, warm={None: (100.0, MIN_ROWS)}).trusted("x")  # no limit
 
 
+def test_a_forecast_is_used_only_where_it_exceeds_the_running_horizon_by_more_than_its_error():
+    gate = ForecastGate(0.5)
+    gate.record("a", [0.0] * MIN_ROWS, 0.3)  # a's error: 0.3
+    # log(1.2 / 1.0) = 0.18 <= 0.3: within a's error of the running horizon, not used
+    assert gate.use("a", 1.2, 1.0) == 0.0
+    # log(1.5 / 1.0) = 0.41 > 0.3: used as is
+    assert gate.use("a", 1.5, 1.0) == 1.5
+    assert gate.use("a", 0.8, 1.0) == 0.0  # below the running horizon: says nothing more
+    # no error on record yet (another family, nothing for all): every forecast is used
+    fresh = ForecastGate(0.5)
+    assert fresh.use("b", 1.01, 1.0) == 1.01
+    gate.record("b", [0.0] * MIN_ROWS, 0.6)  # b's error 0.6 is over the limit: never used
+    assert gate.use("b", 100.0, 1.0) == 0.0
+    # no limit: the gate is off, and so is the margin
+    assert ForecastGate(None, warm={"a": (0.09 * MIN_ROWS, MIN_ROWS)}).use("a", 1.2, 1.0) == 1.2
+
+
 class _Constant(HorizonPredictor):
     """Forecasts 10 s for every workflow (accurate for few of them) and counts its forecasts."""
 
