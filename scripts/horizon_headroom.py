@@ -12,6 +12,7 @@ Usage:
     python scripts/horizon_headroom.py --cells asym-bfcl --seeds 5
     python scripts/horizon_headroom.py --no-prefix-cache     # the paper-testbed serving regime
     python scripts/horizon_headroom.py --offline             # forecast error per trace only
+    python scripts/horizon_headroom.py --baselines           # and the shipped baselines
 
 Results go to --out (default results/horizon_headroom/<cell>/), resumable with --resume.
 """
@@ -61,6 +62,41 @@ def experiment_of(cell: str, seeds: list[int], prefix_cache: bool) -> dict[str, 
                      "variants": PREDICTORS},
             "report": {"metrics": ["req95", "req99", "mean_ratio"],
                        "reference": "hexagent-horizon", "baselines": ["hexagent"]}}
+
+
+BASELINES = ("fcfs", "wf-fcfs", "llf", "atlas", "sglang-router")
+"""The shipped baselines (the paper's per-call FCFS, workflow FCFS, LLF and ATLAS, and an
+SGLang-router-style balancer), run by ``--baselines`` on the same episodes."""
+
+
+def baselines_experiment(cell: str, seeds: list[int], prefix_cache: bool) -> dict[str, Any]:
+    """The experiment mapping of one cell's baselines (no forecast: none of them reads one)."""
+    return {"name": f"horizon_{cell}_baselines", **CELLS[cell], "load": None,
+            "workflow_split": "eval", "prefix_cache": prefix_cache,
+            "grid": {"policies": list(BASELINES), "seeds": seeds},
+            "report": {"metrics": ["req99"]}}
+
+
+def baselines_summary(records_by_cell: dict[str, list], rows_by_cell: dict[str, list]) -> str:
+    """Per cell: each baseline's mean Req99, the best of them, and hexagent's and the learned
+    forecast's Req99 on the same seeds (means over the seeds each ran)."""
+    lines = ["| cell | " + " | ".join(BASELINES) + " | best baseline | hexagent | "
+             "hexagent-horizon (learned) |", "|---" * (len(BASELINES) + 4) + "|"]
+    for cell, records in records_by_cell.items():
+        req: dict[str, list[float]] = {}
+        for rec in records:
+            req.setdefault(rec["cell"]["policy"], []).append(rec["metrics"]["req99"])
+        means = {p: sum(v) / len(v) for p, v in req.items() if v}
+        best = min(means, key=lambda p: (means[p], p)) if means else None
+        ours = ["–", "–"]
+        learned = next((r for r in rows_by_cell.get(cell, []) if r.variant == "learned"), None)
+        if learned is not None:
+            ours = [f"{learned.stats['hexagent']['req99'].mean:.2f}",
+                    f"{learned.stats['hexagent-horizon']['req99'].mean:.2f}"]
+        lines.append(f"| {cell} | " + " | ".join(
+            f"{means[p]:.2f}" if p in means else "–" for p in BASELINES)
+            + f" | {best or '–'} | " + " | ".join(ours) + " |")
+    return "\n".join(lines)
 
 
 def summary(rows_by_cell: dict[str, list]) -> str:
@@ -136,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve without prefix caching (the paper-testbed regime)")
     parser.add_argument("--out", type=Path, default=Path("results/horizon_headroom"))
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--baselines", action="store_true",
+                        help="also run the shipped baselines on the same episodes and print "
+                             "the best of them beside hexagent and the learned forecast")
     parser.add_argument("--offline", type=int, nargs="?", const=4, metavar="EPISODES",
                         help="print only the forecast error per trace, fitted on EPISODES "
                              "episodes of the train half (default 4), scored on the eval half")
@@ -153,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
                else "--seeds must be >= 2 (paired intervals) and --workers >= 1")
         print(f"error: {why}", file=sys.stderr)
         return 2
-    rows_by_cell = {}
+    rows_by_cell: dict[str, list] = {}
+    baseline_records: dict[str, list] = {}
     for cell in cells:
         try:
             exp = load_experiment(experiment_of(cell, list(range(args.seeds)),
@@ -169,10 +209,23 @@ def main(argv: list[str] | None = None) -> int:
                   f"{args.out / cell / 'failures.jsonl'}", file=sys.stderr)
             return 1
         rows_by_cell[cell] = summarize(ev.records, exp.report)
+        if args.baselines:
+            bexp = load_experiment(baselines_experiment(cell, list(range(args.seeds)),
+                                                        not args.no_prefix_cache))
+            bev = evaluate(bexp, args.out / cell / "baselines", resume=args.resume,
+                           workers=args.workers, progress=False)
+            if bev.failures:
+                print(f"error: {len(bev.failures)} baseline cell(s) of {cell} failed: "
+                      f"{args.out / cell / 'baselines' / 'failures.jsonl'}", file=sys.stderr)
+                return 1
+            baseline_records[cell] = bev.records
     print("## Req99 reduction of hexagent-horizon against hexagent (paired)\n")
     print(summary(rows_by_cell))
     print("\n## learned: Req95, Req99 and mean ratio (paired reduction against hexagent)\n")
     print(learned_summary(rows_by_cell))
+    if baseline_records:
+        print("\n## Req99: the shipped baselines, hexagent and the learned forecast\n")
+        print(baselines_summary(baseline_records, rows_by_cell))
     return 0
 
 
