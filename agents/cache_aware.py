@@ -137,10 +137,22 @@ class SGLangRouter(RankedPolicy):
 
     def route(self, dp: DecisionPoint, slot: int, load: np.ndarray) -> int:
         """The prefill instance of one call under the current ``load``."""
-        lowest = self._placement.prefill
-        if self.imbalanced(load):
+        down = dp.state.fault_down[0]  # instances a fault took out of the pool (faults.md)
+        up = None
+        if down:
+            up = np.ones(len(load), dtype=bool)
+            up[sorted(down)] = False
+
+        def lowest(load: np.ndarray, allowed: np.ndarray | None = None) -> int:
+            if up is not None:
+                allowed = up if allowed is None else allowed & up
+            return self._placement.prefill(load, allowed)
+
+        if self.imbalanced(load if up is None else load[up]):
             return lowest(load)
         ratio = dp.cached[slot] / max(dp.calls[slot].l_in, 1)
+        if up is not None:
+            ratio = np.where(up, ratio, -1.0)
         best = float(ratio.max())
         if best > self.cache_threshold:
             return lowest(load, ratio == best)

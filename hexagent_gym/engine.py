@@ -37,6 +37,7 @@ from hexagent_gym.entities import (
     Workflow,
 )
 from hexagent_gym.events import EventQueue, Phase
+from hexagent_gym.fault_flow import FaultFlow
 from hexagent_gym.horizon_predictors import HorizonPredictor
 from hexagent_gym.horizon_tracker import HorizonTracker
 from hexagent_gym.instance_flow import InstanceFlow
@@ -79,11 +80,8 @@ class Engine(InstanceFlow, PlanFlow):
     ratio is 1, as in the standalone runs that compute horizons).
 
     With ``record_timeline=True`` the handlers append one tuple per interval (prefill, KV
-    transfer, decode-queue wait, recompute, decode) to ``_spans`` as events happen, and
-    :meth:`result` returns them as ``EpisodeResult.timeline``
-    (:class:`~hexagent_gym.timeline.Timeline`). Recording only reads the state it records, so
-    every decision and time is the same with it on or off; off, ``_spans`` is None and each
-    recording site costs one ``is not None`` test.
+    transfer, wait, recompute, decode) to ``_spans``, returned as ``EpisodeResult.timeline``;
+    recording only reads the state (off, each recording site costs one ``is not None`` test).
     """
 
     def __init__(self, cluster: ClusterSpec, workload: EpisodeWorkload, *,
@@ -97,7 +95,8 @@ class Engine(InstanceFlow, PlanFlow):
                  length_predictor_params: Mapping[str, Any] | None = None,
                  decode_admission: str = "predicted", free_decode_calls: bool = True,
                  record_timeline: bool = False, checked_specs: set[int] | None = None,
-                 horizon_predictor: HorizonPredictor | None = None) -> None:
+                 horizon_predictor: HorizonPredictor | None = None, faults: Any = None,
+                 fault_seed: int = 0) -> None:
         if not 0.0 <= estimation_error < 1.0:
             raise ValueError(f"estimation_error must be in [0, 1), got {estimation_error}")
         if planning_latency != "measured" and not (
@@ -186,6 +185,8 @@ class Engine(InstanceFlow, PlanFlow):
             _PHASE_ARRIVAL: self._on_arrival,
             _PHASE_PLAN_LANDS: self._on_plan_lands,
         }
+        # instance faults (None: no fault, and no fault code runs; docs/faults.md)
+        self._faults = FaultFlow.build(self, faults, fault_seed)
 
     # -- public API -------------------------------------------------------------------------------
     @property
@@ -251,11 +252,9 @@ class Engine(InstanceFlow, PlanFlow):
         answers the calls it leaves.
 
         ``pause_gc``: Python's cyclic garbage collector is paused while the episode runs and
-        its result is built, and resumes (if it was on) when this returns or raises.
-        Collections inside an episode free nothing (what it builds lives to its end; tested
-        with every shipped policy), yet they cost a growing share of the run with the cluster's
-        size (docs/performance.md). Pass False when a policy of your own builds reference
-        cycles it drops during the episode.
+        its result is built (resumed when this returns or raises): collections inside an
+        episode free nothing, yet cost more the larger the cluster (docs/performance.md). Pass
+        False when a policy of your own builds reference cycles it drops during the episode.
 
         ``close``: :meth:`close` the simulator once its result is built (still inside the
         pause), so the episode is freed at once instead of by a later full collection. For
@@ -298,6 +297,8 @@ class Engine(InstanceFlow, PlanFlow):
         self.finished = []
         self._handlers = None
         self._pending = None
+        if self._faults is not None:
+            self._faults = self._faults.detach()
 
     def result(self, policy_name: str = "") -> EpisodeResult:
         """Metrics of the finished episode."""
@@ -331,6 +332,7 @@ class Engine(InstanceFlow, PlanFlow):
             "decode_wait_mean": sum(c.decode_wait for c in calls) / n if n else 0.0,
             "decode_kv_delayed": sum(c.kv_blocked for c in calls) / n if n else 0.0,
             "decode_moves": self.moves,
+            **(self._faults.counters() if self._faults is not None else {}),
         }
 
     # -- set-up ---------------------------------------------------------------------------------

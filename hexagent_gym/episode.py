@@ -21,6 +21,7 @@ import numpy as np
 from hexagent_gym.arrivals import EpisodeWorkload, sample_episode
 from hexagent_gym.cluster import ClusterSpec, load_cluster
 from hexagent_gym.config import ConfigError, load_named
+from hexagent_gym.faults import FaultPlan, parse_faults
 from hexagent_gym.horizon import HorizonCache
 from hexagent_gym.horizon_predictors import HorizonPredictor, RowCollector, make_horizon_predictor
 from hexagent_gym.lazy_trace import LazyWorkflows
@@ -73,6 +74,10 @@ class EpisodeConfig:
         horizon_predictor_params: ``learned``'s parameters (a mapping; None = defaults).
         horizon_warm_start: episodes of the ``train`` half the predictor learns from before
             the first episode (0: online only). Needs ``workflow_split: eval``.
+        faults: instance faults (docs/faults.md): null, or a mapping with ``events`` (a list of
+            ``{time, instance, kind, duration[, factor]}``) and/or an MTBF/MTTR process
+            (``mtbf``, ``mttr``, ``kinds``, ``pools``, ``slow_factor``, ``start``), drawn from
+            the episode seed. Stored as a :class:`~hexagent_gym.faults.FaultPlan`.
     """
 
     cluster: str = "hetero-1"
@@ -98,6 +103,7 @@ class EpisodeConfig:
     horizon_predictor: str = "none"
     horizon_predictor_params: Mapping[str, Any] | tuple | None = None
     horizon_warm_start: int = 0
+    faults: FaultPlan | Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         src = "episode config"
@@ -154,6 +160,14 @@ class EpisodeConfig:
             raise ConfigError(f"{src}: prefix_block_tokens must be an integer >= 1 or null (512), "
                               f"got {b!r}")
         self._check_horizon_settings(src)
+        plan = parse_faults(self.faults, src)
+        object.__setattr__(self, "faults", plan)
+        if plan is not None:  # instances must exist: checked before any episode runs
+            try:
+                cluster = load_cluster(self.cluster)
+            except ConfigError:
+                return  # the factory reports the unknown cluster itself
+            plan.check_cluster(len(cluster.prefill), len(cluster.decode), src)
 
     def _check_horizon_settings(self, src: str) -> None:
         if self.workflow_split not in WORKFLOW_SPLITS:
@@ -358,6 +372,7 @@ class EpisodeFactory:
                          decode_admission=cfg.decode_admission,
                          free_decode_calls=cfg.free_decode_calls,
                          record_timeline=record_timeline, checked_specs=self._checked_specs,
+                         faults=cfg.faults, fault_seed=cfg.seed if seed is None else seed,
                          horizon_predictor=(horizon_predictor if horizon_predictor is not None
                                             else self.horizon_predictor() if decisions
                                             else None),

@@ -26,6 +26,7 @@ class Phase(IntEnum):
     ARRIVAL = 6
     PLAN_LANDS = 7
     SCHEDULE = 8
+    FAULT = 9  # an instance fault starts or ends (hexagent_gym.fault_flow; none without faults)
 
 
 class EventQueue:

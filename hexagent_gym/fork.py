@@ -112,6 +112,8 @@ def known_only(sim: Engine) -> None:
         heap[:] = kept
         heapq.heapify(heap)
     sim._next_arrival = arrived
+    if getattr(sim, "_faults", None) is not None:  # faults under way and their ends, no new one
+        sim._faults.forget_future()
     for wf in sim.workflows:
         for c in wf.calls:
             if (c.state in _NOT_DECODING and c.generated == 0 and c.width == 1

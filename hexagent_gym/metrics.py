@@ -85,6 +85,13 @@ class EpisodeResult:
         decode_kv_delayed: share of calls that waited while their decode instance's queue head
             could not get KV (capacity, not batch size, held them back).
         decode_moves: free waiting decode calls a plan moved to another decode instance.
+        fault_events: instance faults that started (``faults``, docs/faults.md).
+        fault_reexecuted_calls: times a call lost work it had started (its prefill, KV or
+            decode) to a failed instance and was served again from its prefill.
+        fault_recomputed_tokens: the work those calls lost: uncached prompt tokens prefilled
+            and output tokens decoded before the failure (computed again).
+        fault_replaced_calls: placed calls whose prefill had not started, re-placed because
+            their instance failed or was drained (nothing lost).
         timeline: the episode's :class:`~hexagent_gym.timeline.Timeline` (every prefill,
             transfer, wait, recompute and decode interval) when it ran with
             ``record_timeline=True``; None otherwise. Not part of :meth:`to_dict`.
@@ -109,6 +116,10 @@ class EpisodeResult:
     decode_wait_mean: float = 0.0
     decode_kv_delayed: float = 0.0
     decode_moves: int = 0
+    fault_events: int = 0
+    fault_reexecuted_calls: int = 0
+    fault_recomputed_tokens: float = 0.0
+    fault_replaced_calls: int = 0
     timeline: Timeline | None = None
 
     @property
@@ -175,6 +186,10 @@ class EpisodeResult:
             "decode_wait_mean": self.decode_wait_mean,
             "decode_kv_delayed": self.decode_kv_delayed,
             "decode_moves": self.decode_moves,
+            "fault_events": self.fault_events,
+            "fault_reexecuted_calls": self.fault_reexecuted_calls,
+            "fault_recomputed_tokens": self.fault_recomputed_tokens,
+            "fault_replaced_calls": self.fault_replaced_calls,
             "ratios": [float(x) for x in self.ratios],
         }
         if include_records:

@@ -34,7 +34,10 @@ class PlanState(Projections):
         dec_count: (D,) calls committed per decode instance (running, waiting or inbound).
         dec_ctx: (D,) Σ (L_in + L_out_pred/2) over those calls.
         tables: the cluster's :class:`ClusterTables` (capacity, max_batch, transfer tables).
+        fault_down: (prefill, decode) instance sets a fault made unavailable (docs/faults.md).
     """
+
+    fault_down: tuple[frozenset[int], frozenset[int]] = (frozenset(), frozenset())
 
     def __init__(self, tables: ClusterTables, now: float, free: list[float],
                  dec_tokens: list[float], dec_count: list[int], dec_ctx: list[float],

@@ -156,6 +156,19 @@ class PrefixCache:
             else:
                 del refs[b]
 
+    def clear(self) -> None:
+        """Drop every block and lock (the instance failed: its KV memory is gone)."""
+        holders, bit = self.holders, self._bit
+        if holders is not None:
+            for b in self._lru:
+                left = holders[b] & ~bit
+                if left:
+                    holders[b] = left
+                else:
+                    del holders[b]
+        self._lru.clear()
+        self._refs.clear()
+
     def locked(self) -> int:
         """Blocks locked now."""
         return len(self._refs)

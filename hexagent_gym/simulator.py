@@ -80,6 +80,10 @@ class Simulator(Engine):
             per episode: ``fresh()``) whose forecasts Ĥ_w the simulator writes to
             ``Workflow.h_pred`` at every decision point for the workflows it shows
             (docs/horizons.md); None: no forecasts (``h_pred`` stays 0).
+        faults: instance faults (:mod:`hexagent_gym.faults`, docs/faults.md): a
+            :class:`~hexagent_gym.faults.FaultPlan`, its mapping form, or None (no fault: no
+            fault code runs). ``fault_seed`` seeds its MTBF/MTTR process (``EpisodeFactory``
+            passes the episode seed).
     """
 
     def __init__(self, cluster: ClusterSpec, workload: EpisodeWorkload, *,

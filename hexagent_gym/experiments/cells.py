@@ -60,6 +60,8 @@ class Cell:
         # recording a timeline changes no result: keep it out of the key, so cells recorded
         # before the option existed (and recorded runs) resume as the same cells
         episode.pop("record_timeline", None)
+        if episode.get("faults") is None:  # cells without faults keep the keys they had
+            episode.pop("faults", None)
         for k in _FLOAT_FIELDS:
             v = episode[k]
             if isinstance(v, int) and not isinstance(v, bool):
@@ -166,6 +168,9 @@ def run_cell(cell: Cell, factory: EpisodeFactory | None = None, *,
             "decode_wait_mean": result.decode_wait_mean,
             "decode_kv_delayed": result.decode_kv_delayed,
             "decode_moves": result.decode_moves,
+            "fault_events": result.fault_events,
+            "fault_reexecuted_calls": result.fault_reexecuted_calls,
+            "fault_recomputed_tokens": result.fault_recomputed_tokens,
             "num_workflows": result.num_workflows,
             "num_calls": result.num_calls,
             "invocations": result.invocations,

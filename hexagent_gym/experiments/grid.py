@@ -20,11 +20,13 @@ DEFAULT_POLICIES = ("hexagent", "fcfs", "wf-fcfs", "llf", "atlas")
 DEFAULT_BASELINES = ("wf-fcfs", "llf", "atlas")
 METRICS = ("req95", "req99", "mean_ratio", "max_ratio", "prefix_hit_rate", "prefill_load",
            "faster_than_alone", "decode_kv_peak", "preemptions", "decode_wait_mean",
-           "decode_kv_delayed", "decode_moves")
+           "decode_kv_delayed", "decode_moves", "fault_events", "fault_reexecuted_calls",
+           "fault_recomputed_tokens")
 """Per-cell metrics a report may tabulate (``report.metrics``): the SLO scales, the prefix-cache
 hit rate, ρ with the cache (prefill load of the work actually computed), the share of
 workflows that finished sooner than alone, and the decode regime counters (peak KV use ÷
-capacity, preemptions, mean decode-queue wait in seconds, share of calls held back by KV)."""
+capacity, preemptions, mean decode-queue wait in seconds, share of calls held back by KV), and
+the fault counters (docs/faults.md)."""
 SLO_METRICS = ("req95", "req99", "mean_ratio", "max_ratio")
 """Metrics where lower is better: tables give the reference's reduction against the best
 baseline for these only (the others describe the regime)."""
