@@ -15,7 +15,7 @@ reads is history: finished workflows, earlier in time.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from hexagent_gym.horizon_predictors import HorizonPredictor, scopes, workflow_features
@@ -90,6 +90,11 @@ class ForecastGate:
             if err is not None and math.log(h / h_est) <= err:
                 return 0.0
         return h
+
+    def all_trusted(self, workflows: Iterable[Workflow]) -> bool:
+        """Whether every one of ``workflows`` belongs to a :meth:`trusted` application."""
+        trusted = self.trusted
+        return all(trusted(wf.spec.app_id) for wf in workflows)
 
     def trusted(self, app_id: str) -> bool:
         hit = self._trusted.get(app_id)

@@ -111,3 +111,16 @@ def test_app_mean_starts_from_its_warm_in_sample_error():
     family = AppMeanPredictor([("f/a", 1.0), ("f/a", math.e ** 2)], gate=0.5)
     assert family.warm_errors() == {"f/a": (2.0, 2), "f": (2.0, 2), None: (2.0, 2)}
     assert p.fresh().warm_errors() == p.warm_errors()
+
+
+def test_all_trusted_needs_every_workflows_application_trusted():
+    from types import SimpleNamespace as NS
+
+    gate = ForecastGate(0.5)
+    gate.record("a", [0.0] * MIN_ROWS, 0.2)
+    gate.record("b", [0.0] * MIN_ROWS, 0.9)
+    wf = {app: NS(spec=NS(app_id=app)) for app in "abc"}
+    assert gate.all_trusted([wf["a"], wf["a"]]) and gate.all_trusted([])
+    assert not gate.all_trusted([wf["a"], wf["b"]])
+    # c has no record of its own and no family: all applications' error, sqrt((0.04+0.81)/2)
+    assert not gate.all_trusted([wf["c"]])
