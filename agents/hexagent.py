@@ -100,9 +100,11 @@ class HexAgentPolicy(BasePolicy):
     def decide(self, dp: DecisionPoint) -> None:
         """Make the picks :meth:`pick` would return one by one: when its first pick is the
         compiled ranking's (``dp.risk_plan``), the whole plan in one call
-        (``dp.follow_plan``), else that pick and whatever plan follows it (the simulator asks
-        :meth:`pick` for any calls left). A subclass with its own ``pick`` (another placement
-        or lookahead) is left to it: its picks may leave the plan anywhere.
+        (``dp.follow_plan``), else that pick and whatever plan follows it; above
+        ``one_pass_threshold`` calls, the one-pass ordering's picks in one loop
+        (``dp.pick_in_order``). The simulator asks :meth:`pick` for any calls left. A subclass
+        with its own ``pick`` (another placement or lookahead) is left to it: its picks may
+        leave the plan anywhere.
         """
         if type(self).pick is not HexAgentPolicy.pick:
             return
@@ -110,7 +112,10 @@ class HexAgentPolicy(BasePolicy):
         planned = dp.planned_pick()
         if planned is None or planned[:3] != first:  # else follow_plan makes it with the rest
             dp.pick(*first)
-        dp.follow_plan()
+        if dp is self._dp:  # a one-pass ordering: the rest of it in one loop
+            self._next += dp.pick_in_order(self._order[self._next:])
+        else:
+            dp.follow_plan()
 
     def _ahead_pick(self, dp: DecisionPoint) -> tuple[int, int, int] | None:
         """This pick from the compiled twin of this policy's ranking (``dp.risk_plan``, asked
@@ -163,12 +168,37 @@ class HexAgentPolicy(BasePolicy):
     def _one_pass_slot(self, dp: DecisionPoint) -> int:
         if dp is not self._dp:
             self._dp = dp
-            risk = projected_risk(dp, horizons=self._horizon_array(dp))
-            self._order = np.argsort(-risk, kind="stable").tolist()
+            self._order = self._one_pass_order(dp)
             self._next = 0
         slot = self._order[self._next]
         self._next += 1
         return slot
+
+    def _one_pass_order(self, dp: DecisionPoint) -> list[int]:
+        """``np.argsort(-projected_risk(dp), kind="stable")`` in scalar Python over
+        ``dp.min_delta_values()`` (compiled at the prefill stage: no numpy arrays of the window):
+        the same IEEE operations on the same floats, and a stable sort on the same keys. Numpy
+        where a risk is undefined (a zero horizon or NaN, which Python would raise on or could
+        not order as numpy does)."""
+        now, calls, picked = dp.now, dp.calls, dp.picked
+        h_est = self.horizons(dp) or [c.workflow.h_est for c in calls]
+        keys = []
+        for i, best in enumerate(dp.min_delta_values()):
+            if picked[i]:
+                keys.append(np.inf)  # −(−inf): projected_risk's picked slots sort last
+                continue
+            h = h_est[i]
+            if h == 0.0:
+                return self._numpy_order(dp)
+            risk = ((now - calls[i].workflow.arrival) + best) / h
+            if risk != risk:
+                return self._numpy_order(dp)
+            keys.append(-risk)
+        return sorted(range(len(keys)), key=keys.__getitem__)
+
+    def _numpy_order(self, dp: DecisionPoint) -> list[int]:
+        risk = projected_risk(dp, horizons=self._horizon_array(dp))
+        return np.argsort(-risk, kind="stable").tolist()
 
     def __repr__(self) -> str:
         extra = "" if self.cache_aware else ", cache_aware=False"

@@ -213,11 +213,15 @@ class DecisionPoint:
 
     def min_delta_values(self) -> list[float]:
         """:attr:`min_delta` as a list of Python floats (the same values), computed without
-        numpy when the window takes the scalar path (cheaper for a policy that ranks a short
-        window in Python); kept until the next pick."""
-        if self._min is not None or self._delta is not None or not self._scalar_window():
+        numpy at the prefill stage with the kernels built (any window: ≈ 5× faster than numpy's
+        reduction for 33 calls on hetero-1, and Ŝ then keeps no numpy twins that later commits
+        update) or when the window takes the scalar path (cheaper for a policy that ranks in
+        Python); kept until the next pick."""
+        compiled = self.stage == _STAGE_PREFILL and kernels.best_prefill_pairs is not None
+        if self._min is not None or self._delta is not None or not (
+                compiled or self._scalar_window()):
             return self.min_delta.tolist()
-        if self.stage == _STAGE_PREFILL and kernels.best_prefill_pairs is not None:
+        if compiled:
             self._compiled_pairs()  # every unpicked slot's pair in one compiled call
         inf = np.inf
         return [self._scalar_pair(i)[2] if not picked else inf
@@ -234,7 +238,11 @@ class DecisionPoint:
             flat = int(np.argmin(row))
             p, d = divmod(flat, row.shape[1])
             return p, d, float(row.flat[flat])
-        if self._reduced is None and (self._remaining == 1 or self._scalar_window()):
+        if self._reduced is None and (self._remaining == 1 or self._scalar_window() or (
+                self.stage == _STAGE_PREFILL and kernels.best_prefill_pairs is not None)):
+            # one row of a long prefill window (a one-pass ordering picks slot by slot): the
+            # compiled one-call rule, the same pair and float as the numpy row at a fraction
+            # of its cost (which dominated overloaded episodes' picks, docs/overload.md)
             pair = self._scalar_pair(slot)
             self._last = (slot, *pair)
             return pair
@@ -323,6 +331,45 @@ class DecisionPoint:
         rest = ahead[k:]
         self._record_planned(rest)
         return len(rest)
+
+    def pick_in_order(self, slots: list[int]) -> int:
+        """Pick each of ``slots`` in turn at its best pair under the Ŝ the picks before it left
+        (a one-pass ordering): the same picks, Δs and Ŝ as ``pick(slot, *best_pair(slot)[:2])``
+        one by one, stopping before a slot already picked or without a valid pair (``pick``
+        raises there); return how many were made. At the prefill stage with the kernels built,
+        one loop of compiled best pairs and commits: a long window's per-pick Python calls
+        dominated overloaded episodes (docs/overload.md)."""
+        made = 0
+        picked = self.picked
+        if self.stage != _STAGE_PREFILL or kernels.best_prefill_pairs is None:
+            for slot in slots:
+                if picked[slot]:
+                    break
+                p, d, value = self.best_pair(slot)
+                if value == np.inf:
+                    break
+                self.pick(slot, p, d)
+                made += 1
+            return made
+        state, calls, plan = self.state, self.calls, self.plan
+        inputs, cache_aware, commit = self._kernel_inputs(), self._cache_aware, state.commit
+        best_pairs = state.best_prefill_pairs
+        for slot in slots:
+            if picked[slot]:
+                break
+            ((p, d, value),) = best_pairs(inputs, [slot])
+            if value == np.inf:
+                break
+            call = calls[slot]
+            commit(call, p, d, value, True, (call.pf_est if cache_aware else call.pf_cold)[p])
+            plan.append((call, p, d, value))
+            picked[slot] = True
+            made += 1
+        if made:
+            self._remaining -= made
+            self._ahead = []  # as pick: a computed plan is stale after picks off it
+            self._state_moved()
+        return made
 
     def _record_planned(self, rest: list[tuple[int, int, int, float]]) -> None:
         """Commit picks ``(slot, p, d, Δ)`` of the computed plan (valid by construction) to Ŝ

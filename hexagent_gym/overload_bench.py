@@ -22,6 +22,19 @@ OVERLOAD_SIZES = (500, 2000, 5000)
 """Episode lengths (workflows) of the full table."""
 OVERLOAD_DEPTH = 32
 """The ``plan_depth`` the table runs (docs/overload.md measures its effect on Req99)."""
+FLAT_GOAL = 1.5
+"""The goal on :func:`flat_ratio`: wall time per call on the longest episode at most this
+many times the shortest's (issue 41)."""
+EXCLUDED_PREFIXES = ("hexagent-search",)
+"""Policies the default table leaves out by design: the search policies fork the simulator and
+roll the fork out at every pick, so their cost per pick grows with the episode (they are a
+bound and a teacher, not a scheduler to run on long overloaded episodes)."""
+
+
+def overload_policies(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the policies the default table runs, those it leaves out by design) of ``names``."""
+    keep = [n for n in names if not n.startswith(EXCLUDED_PREFIXES)]
+    return keep, [n for n in names if n.startswith(EXCLUDED_PREFIXES)]
 
 
 @dataclass(frozen=True)
@@ -82,3 +95,13 @@ def flat_ratio(rows: Sequence[OverloadRow], policy: str) -> float:
     """The policy's wall time per call on its longest episode over its shortest's."""
     mine = sorted((r for r in rows if r.policy == policy), key=lambda r: r.num_workflows)
     return mine[-1].us_per_call / mine[0].us_per_call
+
+
+def over_goal(rows: Sequence[OverloadRow], goal: float = FLAT_GOAL) -> list[tuple[str, float]]:
+    """(policy, :func:`flat_ratio`) of every policy of ``rows`` above ``goal``, in row order
+    (none with a single episode length)."""
+    policies = list(dict.fromkeys(r.policy for r in rows))
+    if len({r.num_workflows for r in rows}) < 2:
+        return []
+    ratios = [(p, flat_ratio(rows, p)) for p in policies]
+    return [(p, x) for p, x in ratios if x > goal]

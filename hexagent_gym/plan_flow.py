@@ -153,20 +153,30 @@ class PlanFlow:
                 if call.state != _CALLSTATE_WAITING_PREFILL:
                     continue
                 planned.add(call.uid)
-                if (call.prefill_inst, call.decode_inst) != (p, d):
-                    self._unplace(call)
-                    self._enqueue_prefill(call, p, d)
                 call.proj_release = origin + delta
-                call.queue_key = PLANNED + rank
-                prefill[call.prefill_inst].queue.rekey(call)
+                # the queue's heap gets an entry only for a new key or a new insertion (the
+                # insertion carries the key): the same heads, fewer stale entries to pop and
+                # rebuild (re-planning the plan_depth window reaches here ~30 times per call)
+                key = PLANNED + rank
+                if call.prefill_inst != p or call.decode_inst != d:
+                    call.queue_key = key
+                    if call.prefill_inst < 0:
+                        self._enqueue_prefill(call, p, d)
+                    else:
+                        self._replace(call, p, d)
+                elif call.queue_key != key:
+                    call.queue_key = key
+                    prefill[p].queue.rekey(call)
                 keyed.append(call)
             # every waiting call the plan left goes behind the planned ones in reveal order:
             # only the last plan's calls have another key, and only calls revealed since it
             # can be unplaced (then placed by the fallback, in reveal order as they wait)
             for call in previous:
                 if call.uid not in planned and call.state == _CALLSTATE_WAITING_PREFILL:
-                    call.queue_key = UNPLANNED + call.reveal_seq
-                    prefill[call.prefill_inst].queue.rekey(call)
+                    key = UNPLANNED + call.reveal_seq
+                    if call.queue_key != key:
+                        call.queue_key = key
+                        prefill[call.prefill_inst].queue.rekey(call)
             for call in self._unplaced:
                 if (call.prefill_inst < 0 and call.uid not in planned
                         and call.state == _CALLSTATE_WAITING_PREFILL):
@@ -259,6 +269,48 @@ class PlanFlow:
         dec.reserve(call)
         dec.queued[call.uid] = call
         queued_share(loads, call, p, d, 1)
+        self._mark_prefill(p)
+
+    def _replace(self, call: Call, p: int, d: int) -> None:
+        """``_unplace`` then ``_enqueue_prefill(call, p, d)`` of a placed waiting call in one
+        frame: the same operations on the loads in the same order (so the same floats). A
+        ``plan_depth`` window re-places about 20 calls per simulated call under overload, where
+        the frames of the two methods and of the four they call cost more than their
+        arithmetic."""
+        p0, d0 = call.prefill_inst, call.decode_inst
+        src = self.prefill[p0]
+        src.queue.remove(call)
+        loads = self.loads
+        l_in, kv, share, uid = call.l_in, call.kv_pred, call.ctx_share, call.uid
+        pf_tokens, pf_queued, pf_qtokens = loads.pf_tokens, loads.pf_queued, loads.pf_qtokens
+        dec_pred, dec_count, dec_ctx = loads.dec_pred, loads.dec_count, loads.dec_ctx
+        dec_qpred, dec_qcount, dec_qctx = loads.dec_qpred, loads.dec_qcount, loads.dec_qctx
+        # _unplace (DecodeInstance.release, queued_share with sign -1: x + -1 * y is x - y)
+        pf_tokens[p0] -= l_in
+        pf_queued[p0] = pf_queued[p0] - call.pf_queued if src.queue else 0.0
+        dec_pred[d0] -= kv
+        dec_count[d0] -= 1
+        dec_ctx[d0] -= share
+        del self.decode[d0].queued[uid]
+        pf_qtokens[p0] -= l_in
+        dec_qpred[d0] -= kv
+        dec_qcount[d0] -= 1
+        dec_qctx[d0] -= share
+        # _enqueue_prefill (DecodeInstance.reserve, queued_share with sign 1)
+        call.prefill_inst = p
+        call.decode_inst = d
+        self.prefill[p].queue.append(call)
+        pf_tokens[p] += l_in
+        call.pf_queued = est = call.pf_est[p]
+        pf_queued[p] += est
+        dec_pred[d] += kv
+        dec_count[d] += 1
+        dec_ctx[d] += share
+        self.decode[d].queued[uid] = call
+        pf_qtokens[p] += l_in
+        dec_qpred[d] += kv
+        dec_qcount[d] += 1
+        dec_qctx[d] += share
         self._mark_prefill(p)
 
     def _unplace(self, call: Call) -> None:
