@@ -214,7 +214,9 @@ class HexAgentHorizon(HexAgentPolicy):
     risk and, under long queues, pushes long workflows ahead of short ones. Ĥ_w comes from a
     horizon predictor that sees only what a front end sees (application id, first prompt,
     progress, finished workflows' horizons). The max keeps the paper's rule wherever the
-    forecast is shorter than what is already revealed.
+    forecast is shorter than what is already revealed. A decision that shows a workflow of an
+    application the forecast gate does not trust ranks every workflow by its running horizon
+    (one scale per decision: risks over forecasts and over running horizons do not compare).
 
     Args:
         predictor: None: the episode's forecasts (``Workflow.h_pred``, written by the
@@ -261,7 +263,15 @@ class HexAgentHorizon(HexAgentPolicy):
             self._horizons_of = dp
             if self._tracker is not None:
                 self._tracker.refresh(self._sim.finished, dp.calls)
-            self._horizons = [max(w.h_est, w.h_pred) for w in (c.workflow for c in dp.calls)]
+            shown = [c.workflow for c in dp.calls]
+            tracker = self._tracker if self._tracker is not None else self._sim.horizon_tracker
+            if tracker is not None and not tracker.gate.all_trusted(shown):
+                # one scale per decision: a workflow the gate leaves to its running horizon has
+                # its early risk inflated, one ranked by its forecast has not, and compared on
+                # the two scales the forecast ones lose every time (docs/horizons.md)
+                self._horizons = [w.h_est for w in shown]
+            else:
+                self._horizons = [max(w.h_est, w.h_pred) for w in shown]
         return self._horizons
 
     def __repr__(self) -> str:

@@ -76,3 +76,31 @@ def test_compiled_and_python_rankings_agree():
         assert proc.returncode == 0, proc.stderr
         out[pure] = json.loads(proc.stdout)
     assert out["0"] == out["1"]
+
+
+def _shown(*apps_and_forecasts):
+    """A decision point showing one call per (application id, forecast) workflow, each with a
+    running horizon of 1 s."""
+    from types import SimpleNamespace as NS
+    return NS(calls=[NS(workflow=NS(h_est=1.0, h_pred=h, spec=NS(app_id=app)))
+                     for app, h in apps_and_forecasts])
+
+
+def test_a_decision_with_an_untrusted_application_ranks_every_workflow_by_its_running_horizon():
+    from types import SimpleNamespace as NS
+
+    from hexagent_gym.horizon_tracker import MIN_ROWS, ForecastGate
+
+    gate = ForecastGate(0.5)
+    gate.record("good", [0.0] * MIN_ROWS, 0.1)  # error 0.1: trusted
+    gate.record("bad", [0.0] * MIN_ROWS, 1.0)  # error 1.0: the gate leaves it to H_w(t)
+    policy = HexAgentHorizon()
+    policy._sim = NS(horizon_tracker=NS(gate=gate), finished=[])
+    # only trusted applications: each workflow's max(H_w(t), Ĥ_w)
+    assert policy.horizons(_shown(("good", 3.0), ("good", 0.0))) == [3.0, 1.0]
+    # one untrusted workflow in the decision: one scale, the running horizon, for all
+    assert policy.horizons(_shown(("good", 3.0), ("bad", 0.0))) == [1.0, 1.0]
+    # no tracker (predictor none): the forecasts, all 0, leave the running horizon
+    policy = HexAgentHorizon()
+    policy._sim = NS(horizon_tracker=None, finished=[])
+    assert policy.horizons(_shown(("good", 0.0))) == [1.0]
