@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from hexagent_gym.agents.base import LeastLoadedPlacement
 from hexagent_gym.agents.hexagent import HexAgentPolicy
-from hexagent_gym.decisions import DecisionPoint
+from hexagent_gym.planning.decisions import DecisionPoint
 
 
 class HexAgentLoadBalanced(HexAgentPolicy):

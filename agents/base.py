@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hexagent_gym.decisions import DecisionPoint, Stage
-from hexagent_gym.simulator import Simulator
+from hexagent_gym.planning.decisions import DecisionPoint, Stage
+from hexagent_gym.sim.simulator import Simulator
 
 
 class BasePolicy:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from hexagent_gym.agents.base import BasePolicy, LeastLoadedPlacement, RankedPolicy
-from hexagent_gym.decisions import DecisionPoint, Stage, earliest_finish_pick
+from hexagent_gym.planning.decisions import DecisionPoint, Stage, earliest_finish_pick
 
 ATLAS_OVERLOAD_TOKENS = 16384
 """ATLAS program locality: a program's prefill instance counts as overloaded when its queued and

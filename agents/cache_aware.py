@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hexagent_gym.agents.base import LeastLoadedPlacement, RankedPolicy
-from hexagent_gym.decisions import DecisionPoint, Stage
-from hexagent_gym.entities import CallState
+from hexagent_gym.planning.decisions import DecisionPoint, Stage
+from hexagent_gym.planning.entities import CallState
 
 if TYPE_CHECKING:
-    from hexagent_gym.simulator import Simulator
+    from hexagent_gym.sim.simulator import Simulator
 
 SGL_CACHE_THRESHOLD = 0.5
 """sgl-router ``--cache-threshold`` default: minimum prefix match ratio (strictly above) for

@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 
 from hexagent_gym.agents.base import BasePolicy
-from hexagent_gym.decisions import DecisionPoint, Stage
-from hexagent_gym.horizon_predictors import make_horizon_predictor
-from hexagent_gym.horizon_tracker import HorizonTracker
+from hexagent_gym.futures.horizon_predictors import make_horizon_predictor
+from hexagent_gym.futures.horizon_tracker import HorizonTracker
+from hexagent_gym.planning.decisions import DecisionPoint, Stage
 
 
 def projected_risk(dp: DecisionPoint, best: np.ndarray | None = None,
@@ -221,8 +221,8 @@ class HexAgentHorizon(HexAgentPolicy):
     Args:
         predictor: None: the episode's forecasts (``Workflow.h_pred``, written by the
             simulator for ``horizon_predictor`` in the episode config). A name
-            (``hexagent_gym.horizon_predictors``: ``app-mean``, ``learned``, ``oracle``): this
-            policy's own predictor, learning online within the episode only (no warm start),
+            (``hexagent_gym.futures.horizon_predictors``: ``app-mean``, ``learned``, ``oracle``):
+            this policy's own predictor, learning online within the episode only (no warm start),
             for episodes configured without one.
         predictor_params: ``learned``'s parameters (with ``predictor``).
         one_pass_threshold, cache_aware: as :class:`HexAgentPolicy`.

@@ -49,8 +49,8 @@ from hexagent_gym.agents.saved_models import load_saved_model
 from hexagent_gym.envs.encoding import Encoder, workflow_rows
 
 if TYPE_CHECKING:
-    from hexagent_gym.decisions import DecisionPoint
-    from hexagent_gym.simulator import Simulator
+    from hexagent_gym.planning.decisions import DecisionPoint
+    from hexagent_gym.sim.simulator import Simulator
 
 # the network's private helpers were defined here before the split; kept importable
 _C, _BIG = _net._C, _net._BIG

@@ -5,9 +5,9 @@ Under a saturated prefill stage that greedy rule ignores what the pick does to t
 waiting: placing a long prompt first can push a short, nearly as risky call further than it
 would have cost to serve the short one first. This policy considers the ``candidates`` riskiest
 calls; for each it commits the call at its argmin pair to a copy of Ŝ
-(:meth:`hexagent_gym.planner.PlanState.copy`), re-projects the rest and scores the pick by the
-largest risk that results, max(R(c), max over the other calls of R'(c')). It takes the pick with
-the smallest score; ties go to the riskier call, so HexAgent's own pick wins unless another one
+(:meth:`hexagent_gym.planning.plan_state.PlanState.copy`), re-projects the rest and scores the pick
+by the largest risk that results, max(R(c), max over the other calls of R'(c')). It takes the pick
+with the smallest score; ties go to the riskier call, so HexAgent's own pick wins unless another one
 strictly lowers the worst projected risk. ``candidates=1`` is exactly HexAgent.
 
 The decode stage, and prefill decisions with more than ``one_pass_threshold`` waiting calls, keep
@@ -22,7 +22,7 @@ import numpy as np
 
 from hexagent_gym.agents.base import earliest_pair
 from hexagent_gym.agents.hexagent import HexAgentPolicy, projected_risk
-from hexagent_gym.decisions import DecisionPoint, Stage
+from hexagent_gym.planning.decisions import DecisionPoint, Stage
 
 
 class HexAgentLookahead(HexAgentPolicy):

@@ -3,7 +3,7 @@
 At each pick, :class:`HexAgentSearch` takes HexAgent's own pick and the next ``k − 1``
 alternatives in HexAgent's preference order (alternately: the next-riskiest call at its argmin
 pair, and HexAgent's call at its next-best pair), forks the simulator
-(:func:`hexagent_gym.fork.fork`) once per candidate, applies the candidate and continues the
+(:func:`hexagent_gym.sim.fork.fork`) once per candidate, applies the candidate and continues the
 fork under plain HexAgent, then keeps the candidate whose rollout scores best: the smallest
 (Req99, mean ratio) over the scored workflows, ties to the earlier candidate, so HexAgent's pick
 stays unless another one is strictly better. ``k = 1`` is exactly HexAgent.
@@ -20,7 +20,7 @@ Two variants (``docs/learned.md`` reports both next to HexAgent):
   remaining calls as they truly are (it assumes the workflow's DAG template is known, as for a
   templated agent) and keeps a decoding call's true length; both are stated departures.
 - ``hexagent-search-revealed`` (``knowledge="revealed"``): the implementable search without the
-  first departure: the fork holds only the calls revealed so far (:func:`hexagent_gym.fork.
+  first departure: the fork holds only the calls revealed so far (:func:`hexagent_gym.sim.fork.
   revealed_only`), so each workflow ends, in the rollout, with its last revealed call; it sees
   what HexAgent and the env's observation see. It tells how much of the search's gain needs the
   workflows' future calls (``docs/learned.md``).
@@ -40,9 +40,9 @@ from itertools import islice, zip_longest
 import numpy as np
 
 from hexagent_gym.agents.hexagent import HexAgentPolicy, projected_risk
-from hexagent_gym.decisions import DecisionPoint, Stage
-from hexagent_gym.fork import fork, known_only, pending_decision, revealed_only, shared_objects
-from hexagent_gym.metrics import req, slo_ratio
+from hexagent_gym.planning.decisions import DecisionPoint, Stage
+from hexagent_gym.sim.fork import fork, known_only, pending_decision, revealed_only, shared_objects
+from hexagent_gym.sim.metrics import req, slo_ratio
 
 HORIZONS = ("arrived", "episode")
 KNOWLEDGE = ("template", "revealed")

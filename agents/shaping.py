@@ -27,8 +27,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from hexagent_gym.metrics import req, slo_ratio
 from hexagent_gym.policy import make_policy, run_policy
+from hexagent_gym.sim.metrics import req, slo_ratio
 
 
 class ReferenceRelativeReward(gym.Wrapper):

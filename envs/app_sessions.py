@@ -2,9 +2,9 @@
 must use workflow futures, without training on BFCL-v3 (which it is then tested on).
 
 Each workflow is a multi-turn session of one *application*, drawn by
-``hexagent_gym.synthetic.agent_sessions`` with the application's turn range, prompt and output
-sizes. Applications differ mostly in how many turns follow the first call, so a front end that
-knows the application id (and the finished sessions of each) can forecast a session's final
+``hexagent_gym.workload.synthetic.agent_sessions`` with the application's turn range, prompt and
+output sizes. Applications differ mostly in how many turns follow the first call, so a front end
+that knows the application id (and the finished sessions of each) can forecast a session's final
 horizon, while the running horizon H_w(t) of the calls revealed so far underestimates the long
 ones: the situation in which ``hexagent-horizon`` helps. The sizes are BFCL-like (prompts of a
 few thousand tokens that mostly resend the previous turn, short outputs), but the generator,
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from hexagent_gym.synthetic import agent_sessions
+from hexagent_gym.workload.synthetic import agent_sessions
 
 APPS: dict[str, dict[str, Any]] = {
     # name: (share of sessions, agent_sessions keyword arguments)

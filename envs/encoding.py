@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from gymnasium import spaces
 
-from hexagent_gym import kernels
-from hexagent_gym.decisions import Stage
+from hexagent_gym.planning import kernels
+from hexagent_gym.planning.decisions import Stage
 
 if TYPE_CHECKING:
-    from hexagent_gym.cluster import ClusterSpec
-    from hexagent_gym.decisions import DecisionPoint
-    from hexagent_gym.entities import Call, DecodeInstance, PrefillInstance
-    from hexagent_gym.planner import ClusterTables
-    from hexagent_gym.simulator import Simulator
+    from hexagent_gym.cluster.cluster import ClusterSpec
+    from hexagent_gym.planning.cluster_tables import ClusterTables
+    from hexagent_gym.planning.decisions import DecisionPoint
+    from hexagent_gym.planning.entities import Call, DecodeInstance, PrefillInstance
+    from hexagent_gym.sim.simulator import Simulator
 
 # Enum members as module constants: CPython 3.11 reads `Stage.X` through EnumType's slow
 # attribute hook (about 80 ns each), and these run several times per env step.

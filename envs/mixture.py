@@ -31,15 +31,15 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.utils import seeding
 
-from hexagent_gym.cluster import load_cluster
-from hexagent_gym.cluster_sampling import ClusterDistribution, sample_clusters
+from hexagent_gym.cluster.cluster import load_cluster
+from hexagent_gym.cluster.cluster_sampling import ClusterDistribution, sample_clusters
+from hexagent_gym.cluster.hardware import check_keys
 from hexagent_gym.config import ConfigError, load_named
 from hexagent_gym.envs.encoding import MaskedDiscrete
 from hexagent_gym.envs.pd_cluster_env import PDClusterEnv
 from hexagent_gym.envs.rollout import RolloutResult
 from hexagent_gym.episode import EPISODE_KEYS
-from hexagent_gym.hardware import check_keys
-from hexagent_gym.specs import TraceError
+from hexagent_gym.workload.specs import TraceError
 
 _MIXTURE_KEYS = ("name", "description", "episode", "settings", "generated")
 _GENERATED_KEYS = ("count", "seed", "clusters", "traces", "load")
@@ -48,7 +48,7 @@ _GENERATED_KEYS = ("count", "seed", "clusters", "traces", "load")
 def load_mixture(spec: str | Path | Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
     """(name, settings) of a mixture: a shipped name (``configs/mixtures``), a YAML path or a
     mapping. Each setting is a complete episode mapping (shared ``episode`` keys, then its own);
-    generated clusters are registered by name (``hexagent_gym.cluster_sampling``).
+    generated clusters are registered by name (``hexagent_gym.cluster.cluster_sampling``).
 
     Raises:
         ConfigError: naming the file and field: unknown keys, no settings, a bad generated

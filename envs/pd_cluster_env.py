@@ -30,11 +30,11 @@ from hexagent_gym.envs.render import render_ansi, step_info
 from hexagent_gym.envs.rewards import Reward, make_reward
 from hexagent_gym.envs.rollout import RolloutResult, rollout
 from hexagent_gym.episode import EPISODE_KEYS, EXPERIMENT_META_KEYS, EpisodeFactory, load_config
-from hexagent_gym.metrics import attainment, req, slo_ratio
+from hexagent_gym.sim.metrics import attainment, req, slo_ratio
 
 if TYPE_CHECKING:
-    from hexagent_gym.decisions import DecisionPoint
-    from hexagent_gym.simulator import Simulator
+    from hexagent_gym.planning.decisions import DecisionPoint
+    from hexagent_gym.sim.simulator import Simulator
 
 DEFAULT_K = 16
 """Call slots per decision point when the config leaves ``max_calls_per_decision`` unset."""

@@ -10,11 +10,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from hexagent_gym.decisions import Stage
+from hexagent_gym.planning.decisions import Stage
 
 if TYPE_CHECKING:
-    from hexagent_gym.decisions import DecisionPoint
-    from hexagent_gym.simulator import Simulator
+    from hexagent_gym.planning.decisions import DecisionPoint
+    from hexagent_gym.sim.simulator import Simulator
 
 # Enum members as module constants: CPython 3.11 reads `Stage.X` through EnumType's slow
 # attribute hook (about 80 ns each), and these run several times per env step.

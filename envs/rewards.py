@@ -30,8 +30,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from hexagent_gym.config import ConfigError
-from hexagent_gym.metrics import req
 from hexagent_gym.registry import Registry
+from hexagent_gym.sim.metrics import req
 
 
 @runtime_checkable

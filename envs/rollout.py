@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from hexagent_gym.metrics import EpisodeResult
 from hexagent_gym.policy import load_saved, make_policy, run_policy
+from hexagent_gym.sim.metrics import EpisodeResult
 
 
 @dataclass
@@ -25,7 +25,7 @@ class RolloutResult:
     """Metrics of one episode run by :func:`rollout`.
 
     Attributes:
-        episode: the simulator's :class:`~hexagent_gym.metrics.EpisodeResult` (ratios, records,
+        episode: the simulator's :class:`~hexagent_gym.sim.metrics.EpisodeResult` (ratios, records,
             counts, timings); its attributes are readable on the result directly.
         seed: the reset seed (None resolved to the config's seed).
         episode_seed: the simulator seed derived from it (``EpisodeFactory.simulator(seed)``).
@@ -56,7 +56,7 @@ class RolloutResult:
         Args:
             path: the trace JSON to write (parents created); its PNG gets the same stem.
             workflow, window: the Gantt's highlighted workflow and time window
-                (:meth:`~hexagent_gym.timeline.Timeline.save_gantt`; None: the worst workflow's
+                (:meth:`~hexagent_gym.sim.timeline.Timeline.save_gantt`; None: the worst workflow's
                 lifetime).
 
         Returns:

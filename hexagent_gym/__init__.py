@@ -14,17 +14,17 @@ through entry points (``hexagent_gym.policy``); the built-in policies plug in fr
 import warnings
 from typing import Any
 
-from hexagent_gym.arrivals import EpisodeWorkload, sample_episode
-from hexagent_gym.cluster import ClusterSpec, load_cluster
+from hexagent_gym.cluster.cluster import ClusterSpec, load_cluster
+from hexagent_gym.cluster.latency import LatencyModel
 from hexagent_gym.config import ConfigError
-from hexagent_gym.decisions import DecisionPoint, Stage
 from hexagent_gym.gym_hook import when_gymnasium_imported
-from hexagent_gym.horizon import HorizonCache
-from hexagent_gym.latency import LatencyModel
-from hexagent_gym.metrics import EpisodeResult, attainment, req
+from hexagent_gym.planning.decisions import DecisionPoint, Stage
 from hexagent_gym.policy import load_plugins, make_env
-from hexagent_gym.simulator import Simulator
-from hexagent_gym.workload import Trace, TraceError, load_trace
+from hexagent_gym.sim.horizon import HorizonCache
+from hexagent_gym.sim.metrics import EpisodeResult, attainment, req
+from hexagent_gym.sim.simulator import Simulator
+from hexagent_gym.workload.arrivals import EpisodeWorkload, sample_episode
+from hexagent_gym.workload.workload import Trace, TraceError, load_trace
 
 __version__ = "0.1.0"
 ENV_ID = "hexagent_gym/PDCluster-v0"

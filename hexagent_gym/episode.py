@@ -18,18 +18,22 @@ from typing import Any
 
 import numpy as np
 
-from hexagent_gym.arrivals import EpisodeWorkload, sample_episode
-from hexagent_gym.cluster import ClusterSpec, load_cluster
+from hexagent_gym.cluster.cluster import ClusterSpec, load_cluster
 from hexagent_gym.config import ConfigError, load_named
-from hexagent_gym.faults import FaultPlan, parse_faults
-from hexagent_gym.horizon import HorizonCache
-from hexagent_gym.horizon_predictors import HorizonPredictor, RowCollector, make_horizon_predictor
-from hexagent_gym.lazy_trace import LazyWorkflows
-from hexagent_gym.load import offered_load, rate_for_load
-from hexagent_gym.planner import ClusterTables
-from hexagent_gym.predictors import predictor_from_config
-from hexagent_gym.simulator import DECODE_ADMISSION, Simulator
-from hexagent_gym.workload import Trace, open_trace
+from hexagent_gym.futures.horizon_predictors import (
+    HorizonPredictor,
+    RowCollector,
+    make_horizon_predictor,
+)
+from hexagent_gym.futures.predictors import predictor_from_config
+from hexagent_gym.planning.cluster_tables import ClusterTables
+from hexagent_gym.sim.faults import FaultPlan, parse_faults
+from hexagent_gym.sim.horizon import HorizonCache
+from hexagent_gym.sim.load import offered_load, rate_for_load
+from hexagent_gym.sim.simulator import DECODE_ADMISSION, Simulator
+from hexagent_gym.workload.arrivals import EpisodeWorkload, sample_episode
+from hexagent_gym.workload.lazy_trace import LazyWorkflows
+from hexagent_gym.workload.workload import Trace, open_trace
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class EpisodeConfig:
         num_workflows: workflows sampled per episode (None: the whole trace).
         arrival_rate: Poisson arrivals per second; None derives it from ``load``.
         load: prefill utilisation ρ that sets the rate when ``arrival_rate`` is None
-            (``hexagent_gym.load``); None with no rate replays the trace's ``arrival_s``.
+            (``hexagent_gym.sim.load``); None with no rate replays the trace's ``arrival_s``.
         seed: seed of the episode generator (workflow sample, arrivals, estimation error).
         estimation_error: multiplicative error level e on scheduler-visible estimates.
         planning_latency: seconds from invocation to plan (0 = synchronous) or "measured".
@@ -55,9 +59,9 @@ class EpisodeConfig:
             instance's KV memory; ``.inf`` in YAML / ``math.inf``: unbounded).
         prefix_block_tokens: tokens per prompt block for traces without hash ids (None: 512).
         parallel_sampling: serve a sample group as one request with ``n`` samples.
-        length_predictor: scheduler-visible output-length predictor (``hexagent_gym.predictors``:
-            ``lognormal`` — a proxy model's error, the default —, ``bucket`` or ``oracle``, the
-            true lengths); estimation error multiplies on top.
+        length_predictor: scheduler-visible output-length predictor
+            (``hexagent_gym.futures.predictors``: ``lognormal`` — a proxy model's error, the default
+            —, ``bucket`` or ``oracle``, the true lengths); estimation error multiplies on top.
         length_predictor_params: its parameters (a mapping; None = defaults).
         decode_admission: ``predicted`` (reserve predicted demand, preempt on overrun) or
             ``true-demand`` (reserve the true demand, never preempt).
@@ -69,15 +73,16 @@ class EpisodeConfig:
         workflow_split: ``all`` the trace's workflows, or the ``train`` / ``eval`` half
             (:func:`split_of`, by a hash of the workflow id: the halves never share a workflow).
         horizon_predictor: forecast of each workflow's final horizon written to
-            ``Workflow.h_pred`` (``hexagent_gym.horizon_predictors``: ``none``, ``app-mean``,
-            ``learned``, ``oracle`` — a bound); ``hexagent-horizon`` and the env read it.
+            ``Workflow.h_pred`` (``hexagent_gym.futures.horizon_predictors``: ``none``,
+            ``app-mean``, ``learned``, ``oracle`` — a bound); ``hexagent-horizon`` and the env read
+            it.
         horizon_predictor_params: ``learned``'s parameters (a mapping; None = defaults).
         horizon_warm_start: episodes of the ``train`` half the predictor learns from before
             the first episode (0: online only). Needs ``workflow_split: eval``.
         faults: instance faults (docs/faults.md): null, or a mapping with ``events`` (a list of
             ``{time, instance, kind, duration[, factor]}``) and/or an MTBF/MTTR process
             (``mtbf``, ``mttr``, ``kinds``, ``pools``, ``slow_factor``, ``start``), drawn from
-            the episode seed. Stored as a :class:`~hexagent_gym.faults.FaultPlan`.
+            the episode seed. Stored as a :class:`~hexagent_gym.sim.faults.FaultPlan`.
     """
 
     cluster: str = "hetero-1"
@@ -332,8 +337,8 @@ class EpisodeFactory:
 
     def horizon_rows(self, split: str, episodes: int,
                      first_seed: int = WARM_START_SEED) -> list[tuple[str, list[float], float]]:
-        """Horizon-predictor rows (:class:`~hexagent_gym.horizon_predictors.RowCollector`) from
-        ``episodes`` episodes of one half of the trace (seeds ``first_seed``, ``+1``, ...),
+        """Horizon-predictor rows (:class:`~hexagent_gym.futures.horizon_predictors.RowCollector`)
+        from ``episodes`` episodes of one half of the trace (seeds ``first_seed``, ``+1``, ...),
         served by the core's fallback with this config's cluster, rate and serving options:
         the warm start's training data (``train``), or held-out rows (``eval``)."""
         half = EpisodeFactory(self.config.replace(workflow_split=split,

@@ -1,7 +1,7 @@
 """The policy interface over decision points, and the registries that higher layers fill.
 
-A policy answers a :class:`~hexagent_gym.decisions.DecisionPoint` one pick at a time. The core
-names no policy, saved-model format or env of its own: packages *plug in* through the
+A policy answers a :class:`~hexagent_gym.planning.decisions.DecisionPoint` one pick at a time. The
+core names no policy, saved-model format or env of its own: packages *plug in* through the
 ``hexagent_gym.plugins`` entry-point group of their distribution (this project's
 ``hexagent_gym.agents`` and ``hexagent_gym.envs`` declare theirs in ``pyproject.toml``), each entry
 a function that calls
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from hexagent_gym.registry import Registry
 
 if TYPE_CHECKING:
-    from hexagent_gym.decisions import DecisionPoint
-    from hexagent_gym.metrics import EpisodeResult
-    from hexagent_gym.simulator import Simulator
+    from hexagent_gym.planning.decisions import DecisionPoint
+    from hexagent_gym.sim.metrics import EpisodeResult
+    from hexagent_gym.sim.simulator import Simulator
 
 
 @runtime_checkable

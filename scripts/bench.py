@@ -28,8 +28,8 @@ from hexagent_gym.agents.regression import (
     run_ci_cases,
     save_baseline,
 )
-from hexagent_gym.benchmark import bench_core, bench_timeline
-from hexagent_gym.overload_bench import (
+from hexagent_gym.experiments.benchmark import bench_core, bench_timeline
+from hexagent_gym.experiments.overload_bench import (
     FLAT_GOAL,
     OVERLOAD_DEPTH,
     OVERLOAD_SIZES,
@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                 for name, r in (("equivariant", ppo.run("equivariant")),
                                 ("MultiInput", ppo.run("mlp")))))
         if not args.no_scaling:
-            from hexagent_gym import kernels
             from hexagent_gym.envs.benchmark import bench_cartpole, bench_scaling, paired_ratios
+            from hexagent_gym.planning import kernels
 
             def yardstick() -> float:  # the machine's speed around the table (best of 3)
                 return max(bench_cartpole(20_000, np.random.default_rng(args.seed))

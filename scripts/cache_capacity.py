@@ -28,10 +28,10 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hexagent_gym.cluster import load_cluster
+from hexagent_gym.cluster.cluster import load_cluster
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.policy import make_policy, run_policy
-from hexagent_gym.trace_formats import ideal_prefix_hit_rate
+from hexagent_gym.workload.trace_formats import ideal_prefix_hit_rate
 
 PAPER_RATES = {  # trace -> (workflows per episode, arrivals per second), as published
     "sharegpt": (100, 10.0),

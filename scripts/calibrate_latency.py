@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import timeit
 
-from hexagent_gym.calibration import CalibrationResult, calibration_table
-from hexagent_gym.latency import LatencyModel
+from hexagent_gym.cluster.calibration import CalibrationResult, calibration_table
+from hexagent_gym.cluster.latency import LatencyModel
 
 
 def _row(r: CalibrationResult) -> str:

@@ -2,9 +2,9 @@
 
 Every point of the YAML is a figure someone published (a kernel profile, an operator table, an
 end-to-end benchmark); this script prints it next to the matching term of our
-:class:`~hexagent_gym.latency.LatencyModel` and the ratio ours / public, grouped by model x GPU x
-TP x dtype, with a one-line summary per group (median ratio, points within 0.8-1.25x) and one per
-operation. Nothing is fitted: it only reports (docs/calibration_public.md reads the result).
+:class:`~hexagent_gym.cluster.latency.LatencyModel` and the ratio ours / public, grouped by model x
+GPU x TP x dtype, with a one-line summary per group (median ratio, points within 0.8-1.25x) and one
+per operation. Nothing is fitted: it only reports (docs/calibration_public.md reads the result).
 
 Usage:
     python scripts/compare_public_latency.py                     # every point, markdown
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hexagent_gym.cluster import DEFAULT_NETWORK_EFFICIENCY, load_cluster
+from hexagent_gym.cluster.cluster import DEFAULT_NETWORK_EFFICIENCY, load_cluster
+from hexagent_gym.cluster.hardware import load_gpu, load_model
+from hexagent_gym.cluster.latency import WEIGHT_DTYPES, LatencyModel, check_tp
 from hexagent_gym.config import ConfigError, configs_dir, load_yaml, suggest
-from hexagent_gym.hardware import load_gpu, load_model
-from hexagent_gym.latency import WEIGHT_DTYPES, LatencyModel, check_tp
 
 DEFAULT_FILE = configs_dir() / "calibration" / "public_measurements.yaml"
 BAND = (0.8, 1.25)

@@ -9,8 +9,8 @@ import argparse
 
 import numpy as np
 
-from hexagent_gym.decode_reference import DecodeJob, compare
-from hexagent_gym.latency import LatencyModel
+from hexagent_gym.cluster.latency import LatencyModel
+from hexagent_gym.sim.decode_reference import DecodeJob, compare
 
 CASES = [
     ("llama-3.1-70b", "h100", 4), ("llama-3.1-70b", "a100", 4), ("llama-3.1-70b", "h200", 4),

@@ -64,7 +64,7 @@ def _list(kind: type):
 def sampling_notes(exp: Experiment) -> list[str]:
     """One line per trace that carries its own arrival times but is sampled with Poisson
     arrivals in some cell (say so rather than silently not replaying it)."""
-    from hexagent_gym.workload import load_trace
+    from hexagent_gym.workload.workload import load_trace
 
     sampled: dict[str, str] = {}
     for cell in exp.cells():

@@ -28,7 +28,7 @@ from hexagent_gym.config import ConfigError
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.experiments import evaluate, load_experiment, report_text
 from hexagent_gym.experiments.stats import summarize
-from hexagent_gym.horizon_predictors import offline_error
+from hexagent_gym.futures.horizon_predictors import offline_error
 
 CELLS: dict[str, dict[str, Any]] = {
     # the loaded cells where HexAgent's running horizon costs the most

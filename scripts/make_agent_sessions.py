@@ -1,4 +1,4 @@
-"""Write the synthetic long-context agent-session trace (hexagent_gym.synthetic).
+"""Write the synthetic long-context agent-session trace (hexagent_gym.workload.synthetic).
 
 Usage: python scripts/make_agent_sessions.py [--n 600] [--seed 0] [--out PATH]
 The shipped ``agent_sessions`` trace is this command's output with the defaults.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hexagent_gym.synthetic import agent_sessions
+from hexagent_gym.workload.synthetic import agent_sessions
 
 DEFAULT_OUT = (Path(__file__).resolve().parent.parent / "hexagent_gym" / "data" / "traces"
                / "agent_sessions.jsonl.gz")

@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f'error: the sweep needs Ray Tune: pip install "ray[tune]" ({exc})',
               file=sys.stderr)
         return 2
-    from hexagent_gym.distributed import ray_session
+    from hexagent_gym.experiments.ray_backend import ray_session
 
     # The trials' flags go through train.py's own parser before anything starts.
     taken = [a for a in extra if a.split("=")[0] in PER_TRIAL]

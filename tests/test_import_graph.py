@@ -1,12 +1,13 @@
 """The project's imports form layers that point one way, with no circle.
 
-Read from the source (AST), so imports inside functions count too. Layers, top to bottom:
-``scripts`` → ``agents`` → ``envs`` → ``hexagent_gym.experiments`` → ``hexagent_gym`` (the
-simulator core). The folders ``scripts/``, ``agents/`` and ``envs/`` install as
-``hexagent_gym.scripts`` ... (pyproject's package-dir), and every import uses those names. A module
-may import its own layer or any lower one, never a higher one.
-``hexagent_gym.evaluation``/``distributed``/``plots`` are thin re-exports of the experiment runner
-and belong to its layer.
+Read from the source (AST), so imports inside functions (and under ``TYPE_CHECKING``) count too.
+Layers, top to bottom: ``scripts`` → ``agents`` → ``envs`` → ``hexagent_gym.experiments`` →
+``hexagent_gym`` (the simulator core). The folders ``scripts/``, ``agents/`` and ``envs/`` install
+as ``hexagent_gym.scripts`` ... (pyproject's package-dir), and every import uses those names. A
+module may import its own layer or any lower one, never a higher one.
+
+Inside the core the folders are ordered too (CORE_FOLDERS, docs/architecture.md): a module imports
+its own folder or an earlier one in the list, never a later one.
 """
 
 from __future__ import annotations
@@ -20,8 +21,24 @@ import networkx as nx
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("hexagent_gym", "envs", "agents", "scripts")
 MAPPED = ("envs", "agents", "scripts", "configs", "models")  # folder -> hexagent_gym.<folder>
-RUNNER_SHIMS = {"hexagent_gym.evaluation", "hexagent_gym.distributed", "hexagent_gym.plots"}
 RANK = {"core": 0, "experiments": 1, "envs": 2, "agents": 3, "scripts": 4}
+
+# The core's folders in dependency order, bottom first. A core module belongs to the longest
+# entry that is its name or a dotted prefix of it: ``hexagent_gym.config`` is the foundation every
+# folder may read, and ``hexagent_gym`` (last) holds the top-level modules, the public API
+# (episode, policy, registry, gym_hook, the package's __init__).
+CORE_FOLDERS = [
+    "hexagent_gym.config",
+    "hexagent_gym.workload",  # what arrives: specs, traces, arrivals
+    "hexagent_gym.cluster",  # the hardware and its speeds
+    "hexagent_gym.planning",  # entities, Ŝ, Δ, DecisionPoint, compiled kernels
+    "hexagent_gym.futures",  # output-length and horizon forecasts
+    "hexagent_gym.sim",  # the event engine, horizons H_w, timelines, metrics
+    "hexagent_gym",
+]
+# the modules allowed directly in hexagent_gym/ (a new core module goes into a folder)
+TOP_LEVEL = {"config", "episode", "policy", "registry", "gym_hook"}
+NOT_CORE_FOLDERS = {"experiments", "data", *MAPPED}
 
 
 def layer(module: str) -> str:
@@ -30,10 +47,15 @@ def layer(module: str) -> str:
         return parts[1]
     top = parts[0]
     if top == "hexagent_gym":
-        if module.startswith("hexagent_gym.experiments") or module in RUNNER_SHIMS:
+        if module.startswith("hexagent_gym.experiments"):
             return "experiments"
         return "core"
     return top
+
+
+def core_folder(module: str) -> str:
+    """The CORE_FOLDERS entry of a core module."""
+    return max((f for f in CORE_FOLDERS if module == f or module.startswith(f + ".")), key=len)
 
 
 def module_name(path: Path) -> str:
@@ -84,6 +106,14 @@ def import_graph() -> nx.DiGraph:
     return graph
 
 
+def folder_order_violations(edges) -> list[str]:
+    """Core imports that point from a folder to a later one of CORE_FOLDERS."""
+    rank = {f: i for i, f in enumerate(CORE_FOLDERS)}
+    return sorted(f"{a} ({core_folder(a)}) imports {b} ({core_folder(b)})" for a, b in edges
+                  if layer(a) == layer(b) == "core"
+                  and rank[core_folder(b)] > rank[core_folder(a)])
+
+
 def test_no_import_circles():
     cycles = list(nx.simple_cycles(import_graph()))
     assert not cycles, "import circles: " + "; ".join(" -> ".join(c + [c[0]]) for c in cycles)
@@ -93,6 +123,34 @@ def test_imports_point_down_the_layers():
     upward = [f"{a} ({layer(a)}) imports {b} ({layer(b)})"
               for a, b in import_graph().edges if RANK[layer(b)] > RANK[layer(a)]]
     assert not upward, "upward imports:\n" + "\n".join(sorted(upward))
+
+
+def test_the_core_folders_import_one_way():
+    bad = folder_order_violations(import_graph().edges)
+    assert not bad, "imports of a later core folder:\n" + "\n".join(bad)
+
+
+def test_every_core_module_sits_in_a_listed_folder():
+    core = ROOT / "hexagent_gym"
+    loose = sorted(p.name for p in core.glob("*.py")
+                   if p.stem != "__init__" and p.stem not in TOP_LEVEL)
+    assert not loose, f"modules at the top of hexagent_gym/ (put them in a folder): {loose}"
+    folders = {f"hexagent_gym.{p.name}" for p in core.iterdir()
+               if p.is_dir() and (p / "__init__.py").exists() and p.name not in NOT_CORE_FOLDERS}
+    assert folders == set(CORE_FOLDERS) - {"hexagent_gym", "hexagent_gym.config"}, (
+        "CORE_FOLDERS must list every folder of the core exactly once")
+
+
+def test_the_folder_order_check_notices_a_backward_import():
+    edges = [("hexagent_gym.sim.engine", "hexagent_gym.planning.decisions"),
+             ("hexagent_gym.workload.specs", "hexagent_gym.config"),
+             ("hexagent_gym.planning.entities", "hexagent_gym.sim.engine"),
+             ("hexagent_gym.config", "hexagent_gym.episode"),
+             ("hexagent_gym.experiments.grid", "hexagent_gym.episode")]
+    assert folder_order_violations(edges) == [
+        "hexagent_gym.config (hexagent_gym.config) imports hexagent_gym.episode (hexagent_gym)",
+        "hexagent_gym.planning.entities (hexagent_gym.planning) imports hexagent_gym.sim.engine"
+        " (hexagent_gym.sim)"]
 
 
 def test_the_core_names_no_module_of_a_higher_layer():

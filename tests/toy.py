@@ -56,7 +56,7 @@ def workflow_with_reuse(calls, wid="w", block=100):
     """A parsed workflow from ``(input, output, parents, extra_keys)`` tuples, where the extra
     keys are trace fields such as ``prefix_of``/``prefix_tokens`` or ``sample_group``; prompt
     blocks of ``block`` tokens."""
-    from hexagent_gym.workload import parse_workflow
+    from hexagent_gym.workload.workload import parse_workflow
 
     return parse_workflow({
         "workflow_id": wid, "hash_block_tokens": block,
@@ -79,7 +79,7 @@ class FixedPredictor:
 
 def toy_episode(*workflows, arrivals=None):
     """An EpisodeWorkload of ``workflows`` (all at t = 0 unless ``arrivals`` are given)."""
-    from hexagent_gym.arrivals import EpisodeWorkload
+    from hexagent_gym.workload.arrivals import EpisodeWorkload
 
     arrivals = np.zeros(len(workflows)) if arrivals is None else np.asarray(arrivals, float)
     return EpisodeWorkload(tuple(workflows), arrivals, np.arange(len(workflows)))
@@ -88,9 +88,9 @@ def toy_episode(*workflows, arrivals=None):
 def tight_memory_simulator():
     """Three twin instances per pool with 3,000 KV tokens each and eight 3-call workflows
     arriving 30 ms apart: decode reservations bind, free calls may move, twins tie exactly."""
-    from hexagent_gym.arrivals import EpisodeWorkload
-    from hexagent_gym.simulator import Simulator
-    from hexagent_gym.workload import make_workflow
+    from hexagent_gym.sim.simulator import Simulator
+    from hexagent_gym.workload.arrivals import EpisodeWorkload
+    from hexagent_gym.workload.workload import make_workflow
 
     lm = ToyLatency()
     cluster = toy_cluster(prefill=(lm, lm, lm), decode=(lm, lm, lm), capacity=3000)

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
-from hexagent_gym.metrics import EpisodeResult
 from hexagent_gym.policy import make_policy, run_policy
+from hexagent_gym.sim.metrics import EpisodeResult
 
 RECORD_SCHEMA = 1
 """Version of the cell record layout; part of every cell key, so a layout change re-runs cells."""

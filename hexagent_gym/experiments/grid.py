@@ -73,7 +73,7 @@ def check_clusters(names: Sequence[str], where: str) -> None:
 def check_traces(names: Sequence[str], where: str) -> None:
     """Raise a ConfigError naming ``where`` for a trace that does not load (the loader caches
     it, so the cells load it again for free)."""
-    from hexagent_gym.workload import TraceError, load_trace
+    from hexagent_gym.workload.workload import TraceError, load_trace
 
     for t in names:
         try:
@@ -310,7 +310,7 @@ def _replay_grid(g: Grid) -> Grid:
 def check_replayable(names: Sequence[str], where: str) -> None:
     """Raise a ConfigError naming ``where`` for a trace with a workflow that has no
     ``arrival_s`` (replay needs every row's own arrival time)."""
-    from hexagent_gym.workload import load_trace
+    from hexagent_gym.workload.workload import load_trace
 
     for t in names:
         trace = load_trace(t)

@@ -149,7 +149,7 @@ def report_text(evaluation: Evaluation) -> str:
         parts.append(exp.description)
     ci = "mean ± 95% CI (Student t) over seeds" if len(seeds) > 1 else "one seed"
     parts.append(f"Seeds: {', '.join(map(str, seeds))} ({ci}). ρ = offered prefill load "
-                 f"without prefix reuse (hexagent_gym.load), λ = arrival rate; prefill_load = "
+                 f"without prefix reuse (hexagent_gym.sim.load), λ = arrival rate; prefill_load = "
                  f"ρ of the work actually computed (cache hits removed).")
     if evaluation.failures:
         parts.append(f"**Incomplete**: {len(evaluation.failures)} cells failed and are missing "

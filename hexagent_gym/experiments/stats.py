@@ -17,7 +17,7 @@ import numpy as np
 
 from hexagent_gym.experiments.cells import policy_label
 from hexagent_gym.experiments.grid import METRICS, SLO_METRICS, Report
-from hexagent_gym.metrics import req
+from hexagent_gym.sim.metrics import req
 
 # Two-sided 95% Student-t quantiles t_{0.975, df} for df = 1..30.
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,

@@ -20,12 +20,12 @@ from hexagent_gym.agents.cache_aware import (
     SGLangRouter,
 )
 from hexagent_gym.agents.hexagent import HexAgentNoCache, HexAgentPolicy
-from hexagent_gym.arrivals import EpisodeWorkload
-from hexagent_gym.cluster import load_cluster
-from hexagent_gym.decisions import Stage, earliest_finish_pick
+from hexagent_gym.cluster.cluster import load_cluster
+from hexagent_gym.planning.decisions import Stage, earliest_finish_pick
 from hexagent_gym.policy import make_policy, policy_names, run_policy
-from hexagent_gym.simulator import Simulator
-from hexagent_gym.workload import parse_workflow
+from hexagent_gym.sim.simulator import Simulator
+from hexagent_gym.workload.arrivals import EpisodeWorkload
+from hexagent_gym.workload.workload import parse_workflow
 
 PARENT_IN, CHILD_IN = 4000, 4200
 

@@ -89,7 +89,7 @@ def _shown(*apps_and_forecasts):
 def test_a_decision_with_an_untrusted_application_ranks_every_workflow_by_its_running_horizon():
     from types import SimpleNamespace as NS
 
-    from hexagent_gym.horizon_tracker import MIN_ROWS, ForecastGate
+    from hexagent_gym.futures.horizon_tracker import MIN_ROWS, ForecastGate
 
     gate = ForecastGate(0.5)
     gate.record("good", [0.0] * MIN_ROWS, 0.1)  # error 0.1: trusted

@@ -6,8 +6,8 @@ import pytest
 
 from hexagent_gym.agents.hexagent import HexAgentPolicy, projected_risk
 from hexagent_gym.agents.lookahead import HexAgentLookahead, lookahead_score
-from hexagent_gym.decisions import Stage
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+from hexagent_gym.planning.decisions import Stage
 from hexagent_gym.policy import make_policy, run_policy
 
 # a saturated prefill stage, so that reordering matters (no prefix reuse: with it, this load

@@ -13,11 +13,11 @@ from hexagent_gym.agents.baselines import (
     WorkflowFCFS,
 )
 from hexagent_gym.agents.hexagent import HexAgentPolicy
-from hexagent_gym.arrivals import EpisodeWorkload
-from hexagent_gym.decisions import Stage
+from hexagent_gym.planning.decisions import Stage
 from hexagent_gym.policy import make_policy, policy_names, register_policy, run_policy
-from hexagent_gym.simulator import Simulator
-from hexagent_gym.workload import make_workflow
+from hexagent_gym.sim.simulator import Simulator
+from hexagent_gym.workload.arrivals import EpisodeWorkload
+from hexagent_gym.workload.workload import make_workflow
 from tests.toy import ToyLatency, toy_cluster
 
 SLOW = ToyLatency(a=0.0, b=3e-4, c=0.04, e=1e-3, f=1e-6)

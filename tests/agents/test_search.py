@@ -10,11 +10,11 @@ import pytest
 
 from hexagent_gym.agents.hexagent import HexAgentPolicy
 from hexagent_gym.agents.search import HexAgentSearch, HexAgentSearchOracle, HexAgentSearchRevealed
-from hexagent_gym.entities import CallState
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
-from hexagent_gym.events import Phase
-from hexagent_gym.fork import fork, known_only, pending_decision, revealed_only
+from hexagent_gym.planning.entities import CallState
 from hexagent_gym.policy import make_policy, policy_names, run_policy
+from hexagent_gym.sim.events import Phase
+from hexagent_gym.sim.fork import fork, known_only, pending_decision, revealed_only
 
 SMALL = dict(cluster="tiny-2p2d", trace="mixed", num_workflows=14, load=1.0,
              max_calls_per_decision=8)

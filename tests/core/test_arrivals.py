@@ -1,4 +1,4 @@
-"""Episode sampling and arrival processes (hexagent_gym.arrivals)."""
+"""Episode sampling and arrival processes (hexagent_gym.workload.arrivals)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from hexagent_gym.arrivals import EpisodeWorkload, sample_episode
-from hexagent_gym.workload import Trace, load_trace, make_workflow
+from hexagent_gym.workload.arrivals import EpisodeWorkload, sample_episode
+from hexagent_gym.workload.workload import Trace, load_trace, make_workflow
 
 
 def small_trace(n: int = 10, arrivals: list[float | None] | None = None) -> Trace:

@@ -11,8 +11,8 @@ import tracemalloc
 
 import pytest
 
-from hexagent_gym.specs import MAX_LINE_BYTES, MAX_TOKENS, TraceError
-from hexagent_gym.workload import load_trace, open_trace
+from hexagent_gym.workload.specs import MAX_LINE_BYTES, MAX_TOKENS, TraceError
+from hexagent_gym.workload.workload import load_trace, open_trace
 
 
 def call(**extra):

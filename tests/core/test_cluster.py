@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import yaml
 
-from hexagent_gym.cluster import ClusterSpec, InstanceSpec, load_cluster
+from hexagent_gym.cluster.cluster import ClusterSpec, InstanceSpec, load_cluster
+from hexagent_gym.cluster.latency import LatencyModel
 from hexagent_gym.config import ConfigError, known_names
-from hexagent_gym.latency import LatencyModel
 
 LLAMA70_KV = 327_680
 

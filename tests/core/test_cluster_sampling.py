@@ -1,11 +1,12 @@
-"""hexagent_gym.cluster_sampling: random clusters (GPU mixes, sizes) and the cluster registry."""
+"""hexagent_gym.cluster.cluster_sampling: random clusters (GPU mixes, sizes) and the cluster
+registry."""
 
 from __future__ import annotations
 
 import pytest
 
-from hexagent_gym.cluster import load_cluster, register_cluster
-from hexagent_gym.cluster_sampling import ClusterDistribution, sample_clusters
+from hexagent_gym.cluster.cluster import load_cluster, register_cluster
+from hexagent_gym.cluster.cluster_sampling import ClusterDistribution, sample_clusters
 from hexagent_gym.config import ConfigError
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hexagent_gym.arrivals import EpisodeWorkload
-from hexagent_gym.decisions import Stage
-from hexagent_gym.simulator import Simulator
-from hexagent_gym.workload import make_workflow
+from hexagent_gym.planning.decisions import Stage
+from hexagent_gym.sim.simulator import Simulator
+from hexagent_gym.workload.arrivals import EpisodeWorkload
+from hexagent_gym.workload.workload import make_workflow
 from tests.toy import ToyLatency, toy_cluster
 
 LM = ToyLatency()

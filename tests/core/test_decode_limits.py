@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hexagent_gym.decisions import Stage
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
-from hexagent_gym.simulator import Simulator
+from hexagent_gym.planning.decisions import Stage
+from hexagent_gym.sim.simulator import Simulator
 from tests.toy import tight_memory_simulator
 
 
@@ -71,7 +71,7 @@ def test_one_entrys_decode_terms_need_no_limits(build):
     """One call's (start, end) on one decode instance, computed without Ŝ's limits
     (``_decode_terms_at``), equals the limits' shortcut (start now, :func:`decode_end`) wherever
     that applies and :func:`decode_terms` elsewhere: on every instance, before every pick."""
-    from hexagent_gym.placement import decode_end, decode_terms
+    from hexagent_gym.planning.placement import decode_end, decode_terms
 
     sim = build()
     dp = sim.run_until_decision()

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hexagent_gym.decode_reference import (
+from hexagent_gym.cluster.latency import LatencyModel
+from hexagent_gym.sim.decode_reference import (
     DecodeJob,
     compare,
     per_token_finish_times,
     rate_model_finish_times,
 )
-from hexagent_gym.latency import LatencyModel
 from tests.toy import ToyLatency
 
 LM = ToyLatency()

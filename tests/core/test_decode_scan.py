@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hexagent_gym.cluster_tables import ClusterTables
-from hexagent_gym.decisions import Stage
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
-from hexagent_gym.placement import decode_scan
-from hexagent_gym.plan_state import PlanState
+from hexagent_gym.planning.cluster_tables import ClusterTables
+from hexagent_gym.planning.decisions import Stage
+from hexagent_gym.planning.placement import decode_scan
+from hexagent_gym.planning.plan_state import PlanState
 from hexagent_gym.policy import make_policy, run_policy
 from tests.toy import ToyLatency, toy_cluster
 
@@ -76,7 +76,7 @@ def _decisions(config: EpisodeConfig):
 
 def _full_scan(monkeypatch):
     """Make every scalar rule look at all decode instances (the code before the scan)."""
-    import hexagent_gym.placement as placement
+    import hexagent_gym.planning.placement as placement
     monkeypatch.setattr(placement, "decode_scan",
                         lambda tables, tokens, count, ctx: list(range(tables.num_decode)))
     monkeypatch.setattr(PlanState, "decode_scan",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hexagent_gym.entities import CallState
-from hexagent_gym.simulator import Simulator
-from hexagent_gym.workload import make_workflow
+from hexagent_gym.planning.entities import CallState
+from hexagent_gym.sim.simulator import Simulator
+from hexagent_gym.workload.workload import make_workflow
 from tests.toy import ToyLatency, toy_cluster
 from tests.toy import toy_episode as episode
 
@@ -109,7 +109,7 @@ def test_decode_placement_avoids_an_instance_that_cannot_hold_the_call():
 
 
 def test_kv_demand_above_every_decode_capacity_is_an_error():
-    from hexagent_gym.workload import TraceError
+    from hexagent_gym.workload.workload import TraceError
 
     wf = make_workflow([(3000, 100, 0.0, [])])
     with pytest.raises(TraceError, match="KV capacity of 2000"):
@@ -163,7 +163,7 @@ def test_scheduler_loads_are_the_instances_committed_work_at_every_decision():
 def test_a_standalone_decode_instance_keeps_its_own_loads():
     from types import SimpleNamespace
 
-    from hexagent_gym.entities import DecodeInstance
+    from hexagent_gym.planning.entities import DecodeInstance
 
     inst = DecodeInstance(3, "g", ToyLatency(), 1000, 4)
     call = SimpleNamespace(kv_pred=300, ctx_share=150.0)
@@ -200,7 +200,7 @@ def test_call_estimates_are_the_standalone_rule_of_their_own_inputs(error):
 
 
 def test_the_standalone_estimate_cache_stays_bounded(monkeypatch):
-    import hexagent_gym.cluster_tables as ct
+    import hexagent_gym.planning.cluster_tables as ct
     from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
     monkeypatch.setattr(ct, "_ALONE_CACHE_SIZE", 4)
     sim = EpisodeFactory(EpisodeConfig(cluster="hetero-1", trace="bfcl_v3", num_workflows=20,
@@ -214,7 +214,7 @@ def test_the_standalone_estimate_cache_stays_bounded(monkeypatch):
 
 
 def test_episodes_of_one_factory_check_each_workflow_spec_once(monkeypatch):
-    import hexagent_gym.engine as engine_module
+    import hexagent_gym.sim.engine as engine_module
     from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 
     seen = []
@@ -236,7 +236,7 @@ def test_run_pauses_the_collector_for_the_episode_and_restores_it():
     pause_gc=False."""
     import gc
 
-    from hexagent_gym.decisions import earliest_finish_pick
+    from hexagent_gym.planning.decisions import earliest_finish_pick
     from tests.toy import tight_memory_simulator
 
     seen = []

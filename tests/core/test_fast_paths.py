@@ -14,8 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hexagent_gym.decisions import Stage
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+from hexagent_gym.planning.decisions import Stage
 from tests.toy import tight_memory_simulator
 
 
@@ -128,9 +128,9 @@ def test_best_prefill_pair_when_the_minimum_spans_prefill_classes(wait):
 def test_decode_end_equals_decode_terms_end():
     # decode_terms inlines decode_end's arithmetic (the fallback's hot loop): both must give the
     # same float for every decode instance, batch size and context
-    from hexagent_gym.cluster import load_cluster
-    from hexagent_gym.cluster_tables import ClusterTables
-    from hexagent_gym.placement import decode_end, decode_terms
+    from hexagent_gym.cluster.cluster import load_cluster
+    from hexagent_gym.planning.cluster_tables import ClusterTables
+    from hexagent_gym.planning.placement import decode_end, decode_terms
 
     tables = ClusterTables(load_cluster("hetero-1"))
     rng = np.random.default_rng(0)

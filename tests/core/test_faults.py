@@ -8,17 +8,17 @@ import copy
 import numpy as np
 import pytest
 
-from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.config import ConfigError
-from hexagent_gym.decisions import earliest_finish_pick
-from hexagent_gym.entities import CallState
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.experiments.cells import Cell
-from hexagent_gym.faults import FaultPlan, parse_faults
-from hexagent_gym.fork import known_only
-from hexagent_gym.prompts import DEFAULT_BLOCK_TOKENS
-from hexagent_gym.simulator import Simulator
-from hexagent_gym.workload import make_workflow
+from hexagent_gym.planning.decisions import earliest_finish_pick
+from hexagent_gym.planning.entities import CallState
+from hexagent_gym.sim.faults import FaultPlan, parse_faults
+from hexagent_gym.sim.fork import known_only
+from hexagent_gym.sim.simulator import Simulator
+from hexagent_gym.workload.arrivals import EpisodeWorkload
+from hexagent_gym.workload.prompts import DEFAULT_BLOCK_TOKENS
+from hexagent_gym.workload.workload import make_workflow
 from tests.toy import ToyLatency, toy_cluster, workflow_with_reuse
 
 LONE = make_workflow([(1000, 100, 0.0, [])], "lone")

@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from hexagent_gym.decisions import earliest_finish_pick
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
-from hexagent_gym.horizon_predictors import AppMeanPredictor, HorizonPredictor, scopes
-from hexagent_gym.horizon_tracker import MIN_ROWS, ForecastGate
+from hexagent_gym.futures.horizon_predictors import AppMeanPredictor, HorizonPredictor, scopes
+from hexagent_gym.futures.horizon_tracker import MIN_ROWS, ForecastGate
+from hexagent_gym.planning.decisions import earliest_finish_pick
 
 
 def test_an_application_is_trusted_while_its_log_rmse_is_within_the_limit():

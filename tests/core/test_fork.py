@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hexagent_gym.decisions import earliest_finish_pick
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
-from hexagent_gym.fork import fork, pending_decision
+from hexagent_gym.planning.decisions import earliest_finish_pick
+from hexagent_gym.sim.fork import fork, pending_decision
 
 CASES = {
     "groups": dict(cluster="hetero-1", trace="lats", num_workflows=30, load=1.0),

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hexagent_gym.decisions import Stage
-from hexagent_gym.simulator import Simulator
+from hexagent_gym.planning.decisions import Stage
+from hexagent_gym.sim.simulator import Simulator
 from tests.toy import FixedPredictor, ToyLatency, toy_cluster, toy_episode
 from tests.toy import workflow_with_reuse as wf
 

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hexagent_gym.cluster import load_cluster
-from hexagent_gym.horizon import (
+from hexagent_gym.cluster.cluster import load_cluster
+from hexagent_gym.planning.cluster_tables import ClusterTables
+from hexagent_gym.sim.horizon import (
     HorizonCache,
     _chain_time,
     _is_chain,
@@ -18,8 +19,7 @@ from hexagent_gym.horizon import (
     _simulated_time,
     standalone_time,
 )
-from hexagent_gym.planner import ClusterTables
-from hexagent_gym.workload import load_trace, make_workflow
+from hexagent_gym.workload.workload import load_trace, make_workflow
 from tests.toy import ToyLatency, toy_cluster, workflow_with_reuse
 
 lat = st.builds(ToyLatency, a=st.floats(0.001, 0.05), b=st.floats(1e-5, 5e-4),
@@ -154,11 +154,11 @@ def test_a_replayed_call_reads_as_the_call_it_stands_for():
     """_chain_time's light stand-in holds, for every field the placement rule and the cache
     view read, what a full Call of the same spec holds (no estimation error, the true output
     length as the prediction, the cold prefill times), for every call of a trace's chains."""
-    from hexagent_gym.cluster import load_cluster
-    from hexagent_gym.cluster_tables import ClusterTables
-    from hexagent_gym.entities import Call
-    from hexagent_gym.horizon import _Replayed
-    from hexagent_gym.workload import load_trace
+    from hexagent_gym.cluster.cluster import load_cluster
+    from hexagent_gym.planning.cluster_tables import ClusterTables
+    from hexagent_gym.planning.entities import Call
+    from hexagent_gym.sim.horizon import _Replayed
+    from hexagent_gym.workload.workload import load_trace
 
     tables = ClusterTables(load_cluster("hetero-1"))
     checked = 0

@@ -13,15 +13,15 @@ import pytest
 
 from hexagent_gym.config import ConfigError
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory, split_of, split_trace
-from hexagent_gym.horizon_predictors import (
+from hexagent_gym.futures.horizon_predictors import (
     AppMeanPredictor,
     HorizonPredictor,
     make_horizon_predictor,
     workflow_features,
 )
-from hexagent_gym.horizon_tracker import HorizonTracker
-from hexagent_gym.specs import TraceError
-from hexagent_gym.workload import load_trace
+from hexagent_gym.futures.horizon_tracker import HorizonTracker
+from hexagent_gym.workload.specs import TraceError
+from hexagent_gym.workload.workload import load_trace
 
 LOADED = dict(cluster="asym-2p8d", trace="bfcl_v3", num_workflows=40, arrival_rate=40.0,
               load=None, workflow_split="eval")
@@ -199,7 +199,7 @@ def test_features_do_not_read_unrevealed_calls(tmp_path):
 
 
 def _fallback(dp):
-    from hexagent_gym.decisions import earliest_finish_pick
+    from hexagent_gym.planning.decisions import earliest_finish_pick
 
     return earliest_finish_pick(dp)
 
@@ -301,7 +301,7 @@ def test_tracker_refreshes_only_changed_workflows():
 def test_offline_error_by_hand():
     """Rows whose true H_w is twice the running horizon: H_w(t) is off by log 2 everywhere;
     app-mean is exact for a one-horizon application; the median forecast covers about half."""
-    from hexagent_gym.horizon_predictors import offline_error
+    from hexagent_gym.futures.horizon_predictors import offline_error
 
     rng = np.random.default_rng(0)
 

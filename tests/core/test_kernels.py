@@ -1,4 +1,5 @@
-"""The compiled placement kernels (hexagent_gym._kernels) equal their pure-Python originals.
+"""The compiled placement kernels (hexagent_gym.planning._kernels) equal their pure-Python
+originals.
 
 Every scalar prefill pair that decisions of real episodes use (one-call windows and, with the
 kernels, windows of up to 16 calls) is recomputed by the Python rule and compared exactly (pair
@@ -14,9 +15,9 @@ import math
 import numpy as np
 import pytest
 
-from hexagent_gym import kernels
-from hexagent_gym.decisions import DecisionPoint, Stage
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+from hexagent_gym.planning import kernels
+from hexagent_gym.planning.decisions import DecisionPoint, Stage
 from hexagent_gym.policy import make_policy, run_policy
 from tests.toy import tight_memory_simulator
 
@@ -179,7 +180,7 @@ def test_window_kernel_equals_the_one_call_kernel_slot_by_slot():
 
 
 def test_compiled_decode_scan_equals_python_at_every_pick():
-    from hexagent_gym.placement import decode_scan_python
+    from hexagent_gym.planning.placement import decode_scan_python
 
     config = EpisodeConfig(cluster="hetero-1-x4", trace="bfcl_v3", num_workflows=150,
                            load=0.8, seed=6)
@@ -209,7 +210,7 @@ def test_compiled_decode_scan_by_hand():
 
 
 def test_compiled_prefill_free_times_equal_python():
-    from hexagent_gym.entities import prefill_free_times_python
+    from hexagent_gym.planning.entities import prefill_free_times_python
 
     free = kernels._compiled.prefill_free_times
     # idle (-inf), running past now, running before now; queued work, none, a rounding residue
@@ -356,7 +357,7 @@ def test_compiled_grid_by_hand_and_clear_errors():
 
 
 def test_compiled_decode_limits_equal_python():
-    from hexagent_gym.plan_state import decode_limits_python
+    from hexagent_gym.planning.plan_state import decode_limits_python
 
     limits = kernels._compiled.decode_limits
     # slack: the smallest capacity - tokens (-0.0 and 0.0 tie: the first is kept, as min does);
@@ -446,7 +447,7 @@ def test_risk_plan_picks_need_no_projection_and_a_pick_off_plan_drops_it():
 
 
 def test_compiled_match_levels_equal_python():
-    from hexagent_gym.prefix_cache import match_levels_python
+    from hexagent_gym.sim.prefix_cache import match_levels_python
 
     fn = kernels._compiled.match_levels
     holders = {10: 0b1011, 11: 0b0011, 12: 0b0001, 20: 1 << 63, 21: (1 << 64) - 1,
@@ -479,7 +480,7 @@ def compare_earliest(monkeypatch):
     """Check every placement the fallback rule makes (the engine's fallback, horizon replays,
     policies that place by it) against the pure-Python rule, exactly; count the calls with and
     without cache hits."""
-    import hexagent_gym.placement as placement
+    import hexagent_gym.planning.placement as placement
 
     kernels.use_compiled(True)
     fast = placement.earliest_pair
@@ -501,8 +502,9 @@ def compare_earliest(monkeypatch):
         seen["binding"] += bool(used)
         return pair
 
-    for module in ("hexagent_gym.placement", "hexagent_gym.plan_state", "hexagent_gym.horizon",
-                   "hexagent_gym.plan_flow"):
+    for module in ("hexagent_gym.planning.placement", "hexagent_gym.planning.plan_state",
+                   "hexagent_gym.sim.horizon",
+                   "hexagent_gym.sim.plan_flow"):
         mod = __import__(module, fromlist=["earliest_pair"])
         if hasattr(mod, "earliest_pair"):
             monkeypatch.setattr(mod, "earliest_pair", checked)
@@ -527,7 +529,7 @@ def test_compiled_earliest_pair_equals_python_on_every_placement(compare_earlies
 def test_compiled_earliest_pair_where_decode_memory_binds():
     """Every waiting call of every prefill decision of the tight-memory toy, placed by both
     rules under that decision's Ŝ (whose reservations bind there)."""
-    from hexagent_gym.placement import earliest_pair_python
+    from hexagent_gym.planning.placement import earliest_pair_python
 
     kernels.use_compiled(True)
     assert kernels.earliest_pair is not None  # the compiled rule is the one placement_pair runs
@@ -552,7 +554,7 @@ def test_compiled_earliest_pair_where_decode_memory_binds():
 
 
 def placement_pair(st, call, slow_start):
-    from hexagent_gym.placement import earliest_pair
+    from hexagent_gym.planning.placement import earliest_pair
 
     return earliest_pair(st.tables, st.now, st.free_l, st.dec_tokens_l, st.dec_count_l,
                          st.dec_ctx_l, call, slow_start)
@@ -856,8 +858,8 @@ def test_compiled_begin_rows_errors_name_the_problem():
 
 @pytest.mark.parametrize("cluster", ["hetero-1", "hetero-2", "asym-2p8d", "hetero-1-x8"])
 def test_compiled_standalone_estimate_equals_python(cluster):
-    from hexagent_gym.cluster import load_cluster
-    from hexagent_gym.cluster_tables import ClusterTables
+    from hexagent_gym.cluster.cluster import load_cluster
+    from hexagent_gym.planning.cluster_tables import ClusterTables
 
     tables = ClusterTables(load_cluster(cluster))
     rng = np.random.default_rng(3)
@@ -891,8 +893,8 @@ def test_compiled_standalone_estimate_by_hand_and_errors():
 
 @pytest.mark.parametrize("cluster", ["hetero-1", "asym-2p8d", "hetero-1-x8"])
 def test_transfer_columns_equal_the_scalar_formula(cluster):
-    from hexagent_gym.cluster import load_cluster
-    from hexagent_gym.cluster_tables import ClusterTables
+    from hexagent_gym.cluster.cluster import load_cluster
+    from hexagent_gym.planning.cluster_tables import ClusterTables
 
     t = ClusterTables(load_cluster(cluster))
     for l_in in (1, 17, 1000, 32_767, 131_072):
@@ -913,7 +915,7 @@ def test_transfer_columns_equal_the_scalar_formula(cluster):
                                          load=2.0, seed=3)).simulator(),
 ], ids=["tight-memory", "hetero-1-mixed"])
 def test_compiled_decode_cells_equal_python_at_every_decode_decision(build):
-    from hexagent_gym.decisions import earliest_finish_pick
+    from hexagent_gym.planning.decisions import earliest_finish_pick
 
     sim, cells = build(), 0
     dp = sim.run_until_decision()
@@ -977,7 +979,7 @@ def test_compiled_commit_of_prefill_picks_equals_python(build, idle_picked):
     decode limits and a kept scan): the same lists, log, scan and limits, object types and float
     bits included. ``idle_picked``: some plan places a call on an idle decode instance (the
     kept scan is dropped)."""
-    from hexagent_gym.plan_state import PlanState
+    from hexagent_gym.planning.plan_state import PlanState
 
     kernels.use_compiled(True)
     sim = build()

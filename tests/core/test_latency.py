@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from hexagent_gym.calibration import CALIBRATION_POINTS, calibration_table
+from hexagent_gym.cluster.calibration import CALIBRATION_POINTS, calibration_table
+from hexagent_gym.cluster.hardware import GIB, load_gpu, load_model
+from hexagent_gym.cluster.latency import LatencyModel, weights_bytes_per_gpu
 from hexagent_gym.config import ConfigError, known_names
-from hexagent_gym.hardware import GIB, load_gpu, load_model
-from hexagent_gym.latency import LatencyModel, weights_bytes_per_gpu
 
 H100_BW = 3.35e12 * 0.80  # memory_bw_tbs x mbu from configs/gpus/h100.yaml
 

@@ -7,7 +7,7 @@ import pickle
 import lightgbm
 import numpy as np
 
-from hexagent_gym.lightgbm_rows import RowPredictor
+from hexagent_gym.futures.lightgbm_rows import RowPredictor
 
 
 def _booster() -> lightgbm.Booster:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hexagent_gym.load import offered_load, pool_seconds, rate_for_load
-from hexagent_gym.planner import ClusterTables
-from hexagent_gym.workload import make_workflow
+from hexagent_gym.planning.cluster_tables import ClusterTables
+from hexagent_gym.sim.load import offered_load, pool_seconds, rate_for_load
+from hexagent_gym.workload.workload import make_workflow
 from tests.toy import ToyLatency, toy_cluster
 
 

@@ -16,19 +16,19 @@ import hashlib
 import numpy as np
 import pytest
 
-from hexagent_gym import kernels
-from hexagent_gym.decisions import DecisionPoint, Stage
-from hexagent_gym.entities import PLANNED, UNPLANNED, CallState, head_index
 from hexagent_gym.episode import ConfigError, EpisodeConfig, EpisodeFactory
-from hexagent_gym.overload_bench import (
+from hexagent_gym.experiments.overload_bench import (
     FLAT_GOAL,
     bench_overload,
     flat_ratio,
     over_goal,
     overload_policies,
 )
+from hexagent_gym.planning import kernels
+from hexagent_gym.planning.decisions import DecisionPoint, Stage
+from hexagent_gym.planning.entities import PLANNED, UNPLANNED, CallState, head_index
+from hexagent_gym.planning.prefill_queue import PrefillQueue
 from hexagent_gym.policy import make_policy, run_policy
-from hexagent_gym.prefill_queue import PrefillQueue
 
 LOADED = dict(cluster="hetero-1", trace="bfcl_v3", num_workflows=120, arrival_rate=40.0,
               load=None, seed=1)

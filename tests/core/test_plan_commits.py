@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from hexagent_gym.cluster_tables import ClusterTables, mean_own_context
-from hexagent_gym.decisions import Stage
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
-from hexagent_gym.plan_state import PlanState
+from hexagent_gym.planning.cluster_tables import ClusterTables, mean_own_context
+from hexagent_gym.planning.decisions import Stage
+from hexagent_gym.planning.plan_state import PlanState
 from hexagent_gym.policy import make_policy
 from tests.toy import ToyLatency, tight_memory_simulator, toy_cluster
 

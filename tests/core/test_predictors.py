@@ -7,7 +7,7 @@ import copy
 import numpy as np
 import pytest
 
-from hexagent_gym.predictors import (
+from hexagent_gym.futures.predictors import (
     DEFAULT_PREDICTOR,
     PREDICTORS,
     BucketPredictor,

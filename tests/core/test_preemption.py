@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hexagent_gym.decisions import Stage
-from hexagent_gym.entities import CallState
-from hexagent_gym.simulator import Simulator
-from hexagent_gym.workload import make_workflow
+from hexagent_gym.planning.decisions import Stage
+from hexagent_gym.planning.entities import CallState
+from hexagent_gym.sim.simulator import Simulator
+from hexagent_gym.workload.workload import make_workflow
 from tests.toy import FixedPredictor as Fixed
 from tests.toy import ToyLatency, toy_cluster
 from tests.toy import toy_episode as episode

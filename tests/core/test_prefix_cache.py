@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hexagent_gym import kernels
-from hexagent_gym.arrivals import sample_episode
-from hexagent_gym.cluster import load_cluster
-from hexagent_gym.decisions import earliest_finish_pick
+from hexagent_gym.cluster.cluster import load_cluster
+from hexagent_gym.planning import kernels
+from hexagent_gym.planning.decisions import earliest_finish_pick
 from hexagent_gym.policy import make_policy, run_policy
-from hexagent_gym.prefix_cache import PrefixCache, match_levels
-from hexagent_gym.simulator import Simulator
-from hexagent_gym.trace_formats import ideal_prefix_hit_rate
-from hexagent_gym.workload import load_trace
+from hexagent_gym.sim.prefix_cache import PrefixCache, match_levels
+from hexagent_gym.sim.simulator import Simulator
+from hexagent_gym.workload.arrivals import sample_episode
+from hexagent_gym.workload.trace_formats import ideal_prefix_hit_rate
+from hexagent_gym.workload.workload import load_trace
 from tests.toy import ToyLatency, toy_cluster
 from tests.toy import toy_episode as episode
 from tests.toy import workflow_with_reuse as wf
@@ -337,10 +337,10 @@ def test_a_workflow_alone_meets_its_horizon_exactly_with_the_cache(trace, policy
 def test_kept_views_equal_fresh_views_at_every_prefill_decision():
     """A re-planned call keeps its cache view while the caches' match of its prompt is
     unchanged; at every prefill decision each waiting call's view must equal one built afresh."""
-    from hexagent_gym.decisions import Stage
     from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
+    from hexagent_gym.planning.decisions import Stage
     from hexagent_gym.policy import make_policy
-    from hexagent_gym.prefix_cache import cache_view
+    from hexagent_gym.sim.prefix_cache import cache_view
 
     sim = EpisodeFactory(EpisodeConfig(cluster="hetero-1-x2", trace="bfcl_v3",
                                        num_workflows=200, load=1.2, seed=3)).simulator()

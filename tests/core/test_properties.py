@@ -12,12 +12,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hexagent_gym.arrivals import EpisodeWorkload
-from hexagent_gym.decisions import earliest_finish_pick
-from hexagent_gym.entities import CallState
-from hexagent_gym.events import EventQueue
-from hexagent_gym.simulator import Simulator
-from hexagent_gym.workload import make_workflow
+from hexagent_gym.planning.decisions import earliest_finish_pick
+from hexagent_gym.planning.entities import CallState
+from hexagent_gym.sim.events import EventQueue
+from hexagent_gym.sim.simulator import Simulator
+from hexagent_gym.workload.arrivals import EpisodeWorkload
+from hexagent_gym.workload.workload import make_workflow
 from tests.toy import ToyLatency, toy_cluster
 
 EPS = 1e-9

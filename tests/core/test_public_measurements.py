@@ -10,9 +10,9 @@ import re
 import pytest
 import yaml
 
-from hexagent_gym.cluster import DEFAULT_NETWORK_EFFICIENCY, DEFAULT_SETUP_MS
+from hexagent_gym.cluster.cluster import DEFAULT_NETWORK_EFFICIENCY, DEFAULT_SETUP_MS
+from hexagent_gym.cluster.latency import LatencyModel
 from hexagent_gym.config import ConfigError
-from hexagent_gym.latency import LatencyModel
 from hexagent_gym.scripts import compare_public_latency as cpl
 
 _SOURCE = re.compile(r"^(https?://\S+|[\w.-]+/[\w.-]+@[0-9a-f]{40}:\S+)$")

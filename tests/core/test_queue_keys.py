@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hexagent_gym.entities import PLANNED, PREEMPTED, UNPLANNED, head_index
+from hexagent_gym.planning.entities import PLANNED, PREEMPTED, UNPLANNED, head_index
 
 
 class _Queued:

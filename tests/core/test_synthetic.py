@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from hexagent_gym.cluster import load_cluster
+from hexagent_gym.cluster.cluster import load_cluster
 from hexagent_gym.config import ConfigError
-from hexagent_gym.synthetic import agent_sessions
-from hexagent_gym.workload import load_trace, parse_workflow
+from hexagent_gym.workload.synthetic import agent_sessions
+from hexagent_gym.workload.workload import load_trace, parse_workflow
 
 
 def test_sessions_are_valid_chains_that_resend_their_history():

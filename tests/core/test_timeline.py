@@ -15,13 +15,13 @@ import pytest
 
 import hexagent_gym
 from hexagent_gym.config import ConfigError
-from hexagent_gym.decisions import Stage
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory, load_config
-from hexagent_gym.horizon import _simulation
+from hexagent_gym.planning.decisions import Stage
 from hexagent_gym.policy import make_policy, run_policy
-from hexagent_gym.simulator import Simulator
-from hexagent_gym.timeline import CallInfo, Timeline, WorkflowInfo
-from hexagent_gym.workload import make_workflow
+from hexagent_gym.sim.horizon import _simulation
+from hexagent_gym.sim.simulator import Simulator
+from hexagent_gym.sim.timeline import CallInfo, Timeline, WorkflowInfo
+from hexagent_gym.workload.workload import make_workflow
 from tests.toy import FixedPredictor as Fixed
 from tests.toy import ToyLatency, toy_cluster
 from tests.toy import toy_episode as episode
@@ -92,7 +92,7 @@ def test_spans_reproduce_every_calls_recorded_times(small):
     assert len({(s.workflow, s.call) for s in tl.spans}) == result.num_calls == 87
     check_spans_match_calls(sim, tl)
     kinds = {s.kind for s in tl.spans}
-    assert {"prefill", "transfer", "decode"} <= kinds <= set(hexagent_gym.timeline.KINDS)
+    assert {"prefill", "transfer", "decode"} <= kinds <= set(hexagent_gym.sim.timeline.KINDS)
     assert tl.prefill == tuple(p.gpu for p in sim.prefill) and len(tl.decode) == 8
     assert tl.lane_name("prefill", 3) == "prefill 3 (h100)"
     assert [w.ratio for w in tl.workflows] == list(result.ratios)

@@ -1,4 +1,5 @@
-"""Public trace formats read by path (hexagent_gym.trace_formats): Mooncake and Qwen-Bailian."""
+"""Public trace formats read by path (hexagent_gym.workload.trace_formats): Mooncake and
+Qwen-Bailian."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hexagent_gym.arrivals import sample_episode
-from hexagent_gym.trace_formats import (
+from hexagent_gym.workload.arrivals import sample_episode
+from hexagent_gym.workload.trace_formats import (
     BAILIAN_BLOCK_TOKENS,
     MOONCAKE_BLOCK_TOKENS,
     detect_format,
     ideal_prefix_hit_rate,
 )
-from hexagent_gym.workload import TraceError, load_trace
+from hexagent_gym.workload.workload import TraceError, load_trace
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MOONCAKE = FIXTURES / "mooncake_small.jsonl"

@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import hexagent_gym.trace_formats as trace_formats
-import hexagent_gym.workflow_parser as workflow_parser
-from hexagent_gym.arrivals import sample_episode
+import hexagent_gym.workload.trace_formats as trace_formats
+import hexagent_gym.workload.workflow_parser as workflow_parser
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory, split_of, split_trace
-from hexagent_gym.lazy_trace import LazyWorkflows
-from hexagent_gym.specs import TraceError
-from hexagent_gym.workload import load_trace, open_trace
+from hexagent_gym.workload.arrivals import sample_episode
+from hexagent_gym.workload.lazy_trace import LazyWorkflows
+from hexagent_gym.workload.specs import TraceError
+from hexagent_gym.workload.workload import load_trace, open_trace
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -1,4 +1,4 @@
-"""Trace loading and validation (hexagent_gym.workload)."""
+"""Trace loading and validation (hexagent_gym.workload.workload)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hexagent_gym.workload import (
+from hexagent_gym.workload.workload import (
     TRACE_NAMES,
     Trace,
     TraceError,

@@ -11,9 +11,9 @@ import pytest
 from gymnasium.vector import AutoresetMode
 
 import hexagent_gym
-from hexagent_gym.decisions import Stage
 from hexagent_gym.envs.pd_cluster_env import make_env_fn
 from hexagent_gym.envs.render import STEP_INFO_KEYS
+from hexagent_gym.planning.decisions import Stage
 
 TINY = dict(cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=6, seed=3)
 

@@ -14,10 +14,7 @@ import numpy as np
 import pytest
 
 import hexagent_gym
-from hexagent_gym import kernels
-from hexagent_gym.arrivals import EpisodeWorkload
 from hexagent_gym.config import ConfigError
-from hexagent_gym.decisions import Stage, earliest_finish_pick
 from hexagent_gym.envs.encoding import (
     CALL_FEATURES,
     CLIP,
@@ -30,9 +27,12 @@ from hexagent_gym.envs.encoding import (
 from hexagent_gym.envs.pd_cluster_env import CONFIG_KEYS, PDClusterEnv, make_env_fn
 from hexagent_gym.envs.render import STEP_INFO_KEYS
 from hexagent_gym.envs.rewards import make_reward, reward_names
-from hexagent_gym.metrics import attainment, req
-from hexagent_gym.simulator import Simulator
-from hexagent_gym.workload import make_workflow
+from hexagent_gym.planning import kernels
+from hexagent_gym.planning.decisions import Stage, earliest_finish_pick
+from hexagent_gym.sim.metrics import attainment, req
+from hexagent_gym.sim.simulator import Simulator
+from hexagent_gym.workload.arrivals import EpisodeWorkload
+from hexagent_gym.workload.workload import make_workflow
 from tests.toy import ToyLatency, toy_cluster
 
 ENV_ID = "hexagent_gym/PDCluster-v0"

@@ -11,8 +11,8 @@ import pytest
 import hexagent_gym
 from hexagent_gym.agents.hexagent import HexAgentPolicy
 from hexagent_gym.agents.learned import LearnedPolicy
-from hexagent_gym.decisions import Stage
 from hexagent_gym.envs.encoding import CLIP
+from hexagent_gym.planning.decisions import Stage
 
 TINY = dict(cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=8, seed=3)
 

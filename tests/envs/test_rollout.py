@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import hexagent_gym
-from hexagent_gym.decisions import earliest_finish_pick
 from hexagent_gym.envs.rollout import RolloutResult
+from hexagent_gym.planning.decisions import earliest_finish_pick
 from hexagent_gym.policy import make_policy
 
 TINY = dict(cluster="tiny-2p2d", trace="bfcl_v3", num_workflows=8, seed=3)

@@ -22,9 +22,9 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from hexagent_gym import kernels
 from hexagent_gym.envs.benchmark import random_valid_steps
 from hexagent_gym.envs.pd_cluster_env import PDClusterEnv
+from hexagent_gym.planning import kernels
 
 counted_here = pytest.mark.skipif(
     sys.version_info[:2] != (3, 11) or kernels.observe_step is None,

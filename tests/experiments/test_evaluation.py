@@ -275,8 +275,8 @@ def test_run_cells_catches_per_cell_and_shares_factories():
 def test_ray_is_optional():
     """Importing the evaluation layer (or the Ray backend module) does not import ray, and
     asking for the Ray backend without ray says how to install it."""
-    code = ("import sys; import hexagent_gym.experiments, hexagent_gym.evaluation, "
-            "hexagent_gym.distributed, hexagent_gym.plots; import hexagent_gym.scripts.evaluate; "
+    code = ("import sys; import hexagent_gym.experiments, hexagent_gym.experiments.plots, "
+            "hexagent_gym.experiments.ray_backend; import hexagent_gym.scripts.evaluate; "
             "assert 'ray' not in sys.modules, 'ray imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT)
@@ -291,23 +291,6 @@ def test_ray_is_optional():
                           cwd=ROOT)
     assert proc.returncode != 0
     assert 'pip install "hexagent-gym[distributed]"' in proc.stderr
-
-
-def test_the_old_module_paths_re_export_the_experiments_package():
-    """hexagent_gym.evaluation, .distributed and .plots are thin re-exports: the same objects."""
-    import hexagent_gym.distributed as distributed
-    import hexagent_gym.evaluation as evaluation
-    import hexagent_gym.experiments as experiments
-    import hexagent_gym.plots as plots
-    from hexagent_gym.experiments import ray_backend
-
-    for name in evaluation.__all__:
-        assert getattr(evaluation, name) is getattr(experiments, name), name
-    for name in distributed.__all__:
-        assert getattr(distributed, name) is getattr(
-            ray_backend if hasattr(ray_backend, name) else experiments, name), name
-    for name in plots.__all__:
-        assert getattr(plots, name) is getattr(experiments, name), name
 
 
 def test_chunks_split_factory_groups():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hexagent_gym.scripts import evaluate
-from hexagent_gym.workload import load_trace
+from hexagent_gym.workload.workload import load_trace
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 MOONCAKE = FIXTURES / "mooncake_small.jsonl"
