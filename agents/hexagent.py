@@ -225,15 +225,23 @@ class HexAgentHorizon(HexAgentPolicy):
             this policy's own predictor, learning online within the episode only (no warm start),
             for episodes configured without one.
         predictor_params: ``learned``'s parameters (with ``predictor``).
+        one_scale: rank a decision that shows an untrusted application's workflow by running
+            horizons only (the default). False: each workflow by its own max(H_w(t), Ĥ_w)
+            whatever the gate says of the others; the teacher of the learned scheduler
+            (docs/learned_futures.md: trained on the one-scale rule, the network never sees the
+            forecast used and learns to ignore it).
         one_pass_threshold, cache_aware: as :class:`HexAgentPolicy`.
     """
 
     name = "hexagent-horizon"
 
     def __init__(self, predictor: str | None = None,
-                 predictor_params: dict[str, Any] | None = None,
+                 predictor_params: dict[str, Any] | None = None, one_scale: bool = True,
                  one_pass_threshold: int = 32, cache_aware: bool = True) -> None:
         super().__init__(one_pass_threshold, cache_aware)
+        if not isinstance(one_scale, bool):
+            raise ValueError(f"one_scale must be true or false, got {one_scale!r}")
+        self.one_scale = one_scale
         self.predictor = predictor
         self.predictor_params = dict(predictor_params or {})
         if predictor is None and self.predictor_params:
@@ -265,7 +273,8 @@ class HexAgentHorizon(HexAgentPolicy):
                 self._tracker.refresh(self._sim.finished, dp.calls)
             shown = [c.workflow for c in dp.calls]
             tracker = self._tracker if self._tracker is not None else self._sim.horizon_tracker
-            if tracker is not None and not tracker.gate.all_trusted(shown):
+            if (self.one_scale and tracker is not None
+                    and not tracker.gate.all_trusted(shown)):
                 # one scale per decision: a workflow the gate leaves to its running horizon has
                 # its early risk inflated, one ranked by its forecast has not, and compared on
                 # the two scales the forecast ones lose every time (docs/horizons.md)

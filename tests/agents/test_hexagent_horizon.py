@@ -100,6 +100,12 @@ def test_a_decision_with_an_untrusted_application_ranks_every_workflow_by_its_ru
     assert policy.horizons(_shown(("good", 3.0), ("good", 0.0))) == [3.0, 1.0]
     # one untrusted workflow in the decision: one scale, the running horizon, for all
     assert policy.horizons(_shown(("good", 3.0), ("bad", 0.0))) == [1.0, 1.0]
+    # one_scale=False (the learned scheduler's teacher): each workflow on its own
+    policy = HexAgentHorizon(one_scale=False)
+    policy._sim = NS(horizon_tracker=NS(gate=gate), finished=[])
+    assert policy.horizons(_shown(("good", 3.0), ("bad", 0.0))) == [3.0, 1.0]
+    with pytest.raises(ValueError, match="one_scale must be true or false"):
+        HexAgentHorizon(one_scale="yes")
     # no tracker (predictor none): the forecasts, all 0, leave the running horizon
     policy = HexAgentHorizon()
     policy._sim = NS(horizon_tracker=None, finished=[])
