@@ -133,14 +133,19 @@ def parse_instance(value: Any, where: str) -> tuple[str, int]:
     return pool, index
 
 
-def _parse_event(data: Any, where: str) -> FaultEvent:
+def _check_keys(data: Any, keys: tuple[str, ...], where: str, what: str) -> None:
+    """``data`` must be a mapping (``what`` says what else may stand there) with keys only
+    among ``keys``; else a ConfigError naming ``where`` and the valid keys."""
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{where} must be a mapping with keys {', '.join(EVENT_KEYS)}, got "
-                          f"{data!r}")
+        raise ConfigError(f"{where} must be {what} with keys {', '.join(keys)}, got {data!r}")
     for k in data:
-        if k not in EVENT_KEYS:
-            raise ConfigError(f"{where}: unknown key '{k}'; known: {', '.join(EVENT_KEYS)}."
-                              f"{suggest(str(k), list(EVENT_KEYS))}")
+        if k not in keys:
+            raise ConfigError(f"{where}: unknown key '{k}'; known: {', '.join(keys)}."
+                              f"{suggest(str(k), list(keys))}")
+
+
+def _parse_event(data: Any, where: str) -> FaultEvent:
+    _check_keys(data, EVENT_KEYS, where, "a mapping")
     for k in ("time", "instance", "kind", "duration"):
         if k not in data:
             raise ConfigError(f"{where}: missing key '{k}' (an event needs time, instance, kind "
@@ -172,13 +177,7 @@ def parse_faults(value: Any, src: str = "faults") -> FaultPlan | None:
     if value is None or isinstance(value, FaultPlan):
         return value if value is None or value.events or value.process else None
     where = f"{src}: faults"
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{where} must be null or a mapping with keys {', '.join(FAULT_KEYS)}, "
-                          f"got {value!r}")
-    for k in value:
-        if k not in FAULT_KEYS:
-            raise ConfigError(f"{where}: unknown key '{k}'; known: {', '.join(FAULT_KEYS)}."
-                              f"{suggest(str(k), list(FAULT_KEYS))}")
+    _check_keys(value, FAULT_KEYS, where, "null or a mapping")
     raw = value.get("events") or []
     if not isinstance(raw, Sequence) or isinstance(raw, str):
         raise ConfigError(f"{where}.events must be a list of events, got {raw!r}")
