@@ -47,7 +47,8 @@ class ForecastGate:
                                                     (warm or {}).items()}
         self._trusted: dict[str, bool] = {}
         self._error: dict[str, float | None] = {}  # error(app) as of the last trusted(app)
-        self.version = 0  # changes when an answer of :meth:`trusted` may have changed
+        self.version = 0  # changes when an answer of :meth:`trusted` or :meth:`use` may have
+        # changed (every record moves an application's error)
 
     def record(self, app_id: str, log_forecasts: Sequence[float], log_truth: float) -> None:
         """Score the forecasts made for a finished workflow against its true log H_w."""
@@ -97,6 +98,8 @@ class ForecastGate:
         return all(trusted(wf.spec.app_id) for wf in workflows)
 
     def trusted(self, app_id: str) -> bool:
+        """Whether ``app_id``'s forecasts are used: its :meth:`error` is within the limit, or
+        not yet known, or there is no limit."""
         hit = self._trusted.get(app_id)
         if hit is None:
             err = self._error[app_id] = None if self.limit is None else self.error(app_id)
