@@ -7,6 +7,8 @@ Usage:
                                                    #   exit 1 if HexAgent's Req99 regressed
     python scripts/bench.py --ci --update-baseline # rewrite .ci/baseline.json
     python scripts/bench.py --only-overload        # just the overload table (docs/overload.md)
+    python scripts/bench.py --only-horizon --horizon-workflows 400,2000
+                                                   # just the forecast's cost (docs/horizons.md)
 Performance figures are printed, never asserted (CI machines are noisy).
 """
 
@@ -70,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
                         "to fcfs and hexagent at 500 / 2,000, about 20 s)")
     parser.add_argument("--only-overload", action="store_true",
                         help="print only the overload table")
+    parser.add_argument("--only-horizon", action="store_true",
+                        help="print only the horizon-forecast overhead")
+    parser.add_argument("--horizon-workflows", default=None,
+                        help="comma-separated episode lengths of the horizon-forecast overhead "
+                        "(default: --num-workflows)")
     parser.add_argument("--overload-policies", default=None,
                         help="comma-separated policies of the overload table (default: every "
                         "registered one but the search policies, which fork the simulator per "
@@ -86,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.only_overload:
         print_overload(args)
+        return 0
+    if args.only_horizon:
+        print_horizon(args)
         return 0
 
     off = None
@@ -109,14 +119,7 @@ def main(argv: list[str] | None = None) -> int:
           f"p99 {pol.ms_p99:.3f}; total {pol.scheduler_seconds:.2f} s; budget 0.5 ms; "
           f"Req99 {pol.req99:.3f}")
     if not args.no_horizon:
-        hz = bench_horizon("learned", args.cluster, args.trace, args.num_workflows,
-                           seed=args.seed, repeat=args.repeat)
-        print(f"horizon forecasts ({hz.predictor}, warm-started) in a hexagent rollout on "
-              f"{args.cluster} / {args.trace}, {args.num_workflows} workflows at 40/s "
-              f"({hz.num_calls} calls): {hz.seconds_without:.2f} s without, "
-              f"{hz.seconds_with:.2f} s with ({hz.overhead_pct:+.1f} %; budget +10 %); warm "
-              f"start {hz.warm_start_seconds:.1f} s once per setting; Req99 hexagent "
-              f"{hz.req99_hexagent:.3f}, hexagent-horizon {hz.req99_horizon:.3f}")
+        print_horizon(args)
     tl = bench_timeline("hexagent", args.trace, args.cluster, args.num_workflows, args.load,
                         args.seed, args.repeat)
     print(f"timeline recording (hexagent rollout on {args.cluster} / {args.trace}, load "
@@ -206,6 +209,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAIL: {p}", file=sys.stderr)
     print("quality check: " + ("FAILED" if problems else "ok"))
     return 1 if problems else 0
+
+
+def print_horizon(args: argparse.Namespace) -> None:
+    """The horizon forecast's share of a HexAgent rollout at the paper's loaded rate, one line
+    per episode length (docs/horizons.md)."""
+    sizes = ([int(x) for x in args.horizon_workflows.split(",")] if args.horizon_workflows
+             else [args.num_workflows])
+    for n in sizes:
+        hz = bench_horizon("learned", args.cluster, args.trace, n, seed=args.seed,
+                           repeat=args.repeat)
+        print(f"horizon forecasts ({hz.predictor}, warm-started) in a hexagent rollout on "
+              f"{args.cluster} / {args.trace}, {n} workflows at 40/s "
+              f"({hz.num_calls} calls): {hz.seconds_without:.2f} s without, "
+              f"{hz.seconds_with:.2f} s with ({hz.overhead_pct:+.1f} %; budget +10 %); warm "
+              f"start {hz.warm_start_seconds:.1f} s once per setting; Req99 hexagent "
+              f"{hz.req99_hexagent:.3f}, hexagent-horizon {hz.req99_horizon:.3f}")
 
 
 def print_overload(args: argparse.Namespace) -> None:

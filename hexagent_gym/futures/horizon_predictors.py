@@ -52,13 +52,20 @@ while their log-RMSE is at most this, typically within a factor e^0.7 ≈ 2 of t
 docs/horizons.md)."""
 
 
-def workflow_features(wf: Workflow, app_code: float) -> list[float]:
-    """The :data:`FEATURES` row of ``wf`` now (``app_code``: its application's category code)."""
+def arrival_features(wf: Workflow, app_code: float) -> tuple[float, float, float]:
+    """The first three :data:`FEATURES` of ``wf``, fixed from its arrival (``app_code``: its
+    application's category code)."""
     spec = wf.spec
-    first = spec.calls[0]
     sources = sum(1 for c in spec.calls if not c.parents)
-    return [app_code, float(first.input_tokens), float(sources),
-            float(wf.num_done + len(wf.open_calls)), float(wf.num_done), wf.h_est, wf.h_est_done]
+    return app_code, float(spec.calls[0].input_tokens), float(sources)
+
+
+def workflow_features(wf: Workflow, app_code: float,
+                      arrival: tuple[float, float, float] | None = None) -> list[float]:
+    """The :data:`FEATURES` row of ``wf`` now (``app_code``: its application's category code;
+    ``arrival``: its :func:`arrival_features`, when kept)."""
+    return [*(arrival or arrival_features(wf, app_code)), float(wf.num_done + len(wf.open_calls)),
+            float(wf.num_done), wf.h_est, wf.h_est_done]
 
 
 class HorizonPredictor:

@@ -15,10 +15,17 @@ reads is history: finished workflows, earlier in time.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from hexagent_gym.futures.horizon_predictors import HorizonPredictor, scopes, workflow_features
+from hexagent_gym.futures.horizon_predictors import (
+    HorizonPredictor,
+    arrival_features,
+    scopes,
+    workflow_features,
+)
+from hexagent_gym.planning import kernels
 
 if TYPE_CHECKING:
     from hexagent_gym.planning.entities import Workflow
@@ -27,6 +34,31 @@ MIN_ROWS = 20
 """Forecasts an application needs on record before its own error decides the gate; below it,
 its family's error decides, then every application's; with fewer than this many on record in
 each, forecasts are used."""
+
+
+def forecast_stale_python(calls: Sequence[Any], stamp: dict[int, int], epoch: int,
+                          app_version: Mapping[str, int]) -> list[int]:
+    """The indices of ``calls`` whose workflow must be judged again, in order, their stamps set
+    (a workflow shown twice is listed once). A workflow's key is ``progress + 2**32 * (epoch +
+    app_version[app])`` with progress = 2 * calls done + calls open (a reveal or a finish
+    raises it by one); every part only grows, so a key differs from the stamp exactly when the
+    workflow progressed, the epoch moved or its application's judgement moved.
+    ``kernels.forecast_stale`` is its compiled twin."""
+    stale = []
+    for i, c in enumerate(calls):
+        wf = c.workflow
+        key = (2 * wf.num_done + len(wf.open_calls)
+               + ((epoch + app_version.get(wf.spec.app_id, 0)) << 32))
+        if stamp.get(wf.uid) != key:
+            stamp[wf.uid] = key
+            stale.append(i)
+    return stale
+
+
+def log_ratio(h: float, h_est: float) -> float | None:
+    """log(h / h_est), the forecast's margin over the running horizon; None where either is
+    0.0 (no forecast, or nothing revealed yet: no margin applies)."""
+    return math.log(h / h_est) if h_est > 0.0 and h > 0.0 else None
 
 
 class ForecastGate:
@@ -45,32 +77,76 @@ class ForecastGate:
         self.limit = limit
         self._sq: dict[str | None, list[float]] = {k: [v[0], v[1]] for k, v in
                                                     (warm or {}).items()}
-        self._trusted: dict[str, bool] = {}
-        self._error: dict[str, float | None] = {}  # error(app) as of the last trusted(app)
-        self.version = 0  # changes when an answer of :meth:`trusted` or :meth:`use` may have
-        # changed (every record moves an application's error)
+        self.judgement: dict[str, tuple[bool, float | None]] = {}
+        """Per application id judged since its last change: (:meth:`trusted`, the error the
+        margin of :meth:`use` compares with: :meth:`error`, None without a limit); filled by
+        :meth:`judge`."""
+        self._read: dict[str, tuple[str | None, ...]] = {}  # the scopes each judgement read
+        self._readers: dict[str | None, set[str]] = {}  # scope → the judged apps that read it
+        self._ratios: dict[str, list[float]] = {}  # per app, the watched ratios, sorted
+        self.app_version: dict[str, int] = {}
+        """Per application id, a count that grows whenever a forecast gated for it may be gated
+        differently: a record moved its trust, or moved its error across the margin of a
+        forecast in use (:meth:`watch`); absent: 0. Forecasts not watched (none made since)
+        are gated afresh when made."""
 
     def record(self, app_id: str, log_forecasts: Sequence[float], log_truth: float) -> None:
         """Score the forecasts made for a finished workflow against its true log H_w."""
         if not log_forecasts:
             return
         sq = sum((f - log_truth) ** 2 for f in log_forecasts)
-        for key in scopes(app_id):
+        touched = scopes(app_id)
+        for key in touched:
             s = self._sq.setdefault(key, [0.0, 0])
             s[0] += sq
             s[1] += len(log_forecasts)
-        self._trusted.clear()
-        self.version += 1
+        # only the applications whose judgement read a scope this record moved are judged
+        # again, and their version grows only where a gated answer changes: the trust flips,
+        # or the error crosses the margin of a forecast in use (:meth:`watch`)
+        readers = self._readers
+        moved = set().union(*[readers.pop(key, ()) for key in touched])
+        for app in moved:
+            for key in self._read.pop(app):
+                if key not in touched:
+                    readers[key].discard(app)
+        for app in sorted(moved):
+            was = self.judgement.pop(app)
+            now = self.judge(app)
+            if was != now and (was[0] != now[0] or (now[0] and self._crossed(app, was[1],
+                                                                              now[1]))):
+                self.app_version[app] = self.app_version.get(app, 0) + 1
+
+    def watch(self, app_id: str, old: float | None, new: float | None) -> None:
+        """A forecast of ``app_id`` in use changed its :func:`log_ratio` from ``old`` to ``new``
+        (None: none); :meth:`record` compares the error's moves with the ratios watched."""
+        ratios = self._ratios.setdefault(app_id, [])
+        if old is not None and old == old:
+            del ratios[bisect_left(ratios, old)]
+        if new is not None and new == new:  # NaN compares with no error: never gated by it
+            insort(ratios, new)
+
+    def _crossed(self, app_id: str, was: float | None, now: float | None) -> bool:
+        """Whether a watched ratio r of ``app_id`` has (r <= was) != (r <= now): one in
+        (min, max] of the two errors (None: no margin, below every ratio)."""
+        lo, hi = sorted((-math.inf if was is None else was, -math.inf if now is None else now))
+        ratios = self._ratios.get(app_id, ())
+        i = bisect_right(ratios, lo)
+        return i < len(ratios) and ratios[i] <= hi
 
     def error(self, app_id: str) -> float | None:
         """The log-RMSE that decides for ``app_id``: its own, else its family's, else all
         applications' (:func:`scopes`), or None with fewer than :data:`MIN_ROWS` forecasts on
         record in each."""
-        for key in scopes(app_id):
+        return self._deciding(app_id)[0]
+
+    def _deciding(self, app_id: str) -> tuple[float | None, tuple[str | None, ...]]:
+        """(:meth:`error`, the scopes read to find it: up to the one that decides)."""
+        all_scopes = scopes(app_id)
+        for i, key in enumerate(all_scopes):
             s = self._sq.get(key)
             if s is not None and s[1] >= MIN_ROWS:
-                return math.sqrt(s[0] / s[1])
-        return None
+                return math.sqrt(s[0] / s[1]), all_scopes[:i + 1]
+        return None, all_scopes
 
     def use(self, app_id: str, h: float, h_est: float) -> float:
         """The forecast ``h`` to write to ``Workflow.h_pred`` (0.0: none) for a workflow of
@@ -84,13 +160,7 @@ class ForecastGate:
         BFCL-v3 workflows) for no information. Where the running horizon is a small share of
         the forecast, early in a long workflow, the forecast is used as before.
         """
-        if not self.trusted(app_id):
-            return 0.0
-        if self.limit is not None and h_est > 0.0 and h > 0.0:
-            err = self._error[app_id]  # filled by trusted()
-            if err is not None and math.log(h / h_est) <= err:
-                return 0.0
-        return h
+        return gated(self.judgement.get(app_id) or self.judge(app_id), h, log_ratio(h, h_est))
 
     def all_trusted(self, workflows: Iterable[Workflow]) -> bool:
         """Whether every one of ``workflows`` belongs to a :meth:`trusted` application."""
@@ -100,11 +170,48 @@ class ForecastGate:
     def trusted(self, app_id: str) -> bool:
         """Whether ``app_id``'s forecasts are used: its :meth:`error` is within the limit, or
         not yet known, or there is no limit."""
-        hit = self._trusted.get(app_id)
-        if hit is None:
-            err = self._error[app_id] = None if self.limit is None else self.error(app_id)
-            hit = self._trusted[app_id] = err is None or err <= self.limit
-        return hit
+        return (self.judgement.get(app_id) or self.judge(app_id))[0]
+
+    def judge(self, app_id: str) -> tuple[bool, float | None]:
+        """Judge ``app_id`` now and keep the answer in :attr:`judgement` until a record moves
+        a scope it read."""
+        if self.limit is None:  # always used, whatever is recorded
+            err, read = None, ()
+        else:
+            err, read = self._deciding(app_id)
+        self._read[app_id] = read
+        for key in read:
+            self._readers.setdefault(key, set()).add(app_id)
+        verdict = self.judgement[app_id] = (err is None or err <= self.limit, err)
+        return verdict
+
+
+def gated(verdict: tuple[bool, float | None], h: float, ratio: float | None) -> float:
+    """:meth:`ForecastGate.use` of forecast ``h`` whose :func:`log_ratio` is ``ratio``, given
+    its application's :attr:`ForecastGate.judgement` (so that a forecast judged again after the
+    gate moved costs no logarithm)."""
+    trusted, err = verdict
+    if not trusted:
+        return 0.0
+    if ratio is not None and err is not None and ratio <= err:
+        return 0.0
+    return h
+
+
+class _Tracked:
+    """What the tracker keeps of one running workflow it has shown."""
+
+    __slots__ = ("arrival", "progress", "version", "row", "rows", "issued", "h", "ratio")
+
+    def __init__(self, arrival: tuple[float, float, float]) -> None:
+        self.arrival = arrival  # its arrival_features
+        self.progress = -1  # the progress its latest row was taken at (forecast_stale_python)
+        self.version = -1  # the predictor version of its latest forecast
+        self.row: list[float] = []  # its latest row
+        self.rows: list[list[float]] = []  # one per progress step it was shown at
+        self.issued: list[float] = []  # log of every forecast made (> 0)
+        self.h = 0.0  # its latest forecast, gated or not
+        self.ratio: float | None = None  # log_ratio of that forecast
 
 
 class HorizonTracker:
@@ -117,20 +224,21 @@ class HorizonTracker:
     them when the predictor learned since (its ``version``). A row is recorded per workflow and
     progress step. Only finished workflows are ever learned from, and a workflow's rows are its
     state at decisions it took part in (what the scheduler saw). ``h_pred`` is the forecast
-    where :meth:`ForecastGate.use` passes it, else 0.0 (no forecast).
+    where :meth:`ForecastGate.use` passes it, else 0.0 (no forecast), judged again when its
+    application's judgement moves across its margin.
     """
 
     def __init__(self, predictor: HorizonPredictor) -> None:
         self.predictor = predictor
         self.gate = ForecastGate(predictor.gate, predictor.warm_errors())
         self._seen_finished = 0
-        self._progress: dict[int, tuple[int, int]] = {}
-        self._latest: dict[int, list[float]] = {}  # each workflow's latest row
-        self._version: dict[int, int] = {}  # predictor version of each workflow's forecast
-        self._rows: dict[int, list[list[float]]] = {}
-        self._issued: dict[int, list[float]] = {}  # log of every forecast made per workflow
-        self._forecast: dict[int, float] = {}  # each workflow's latest forecast, gated or not
-        self._gated: dict[int, int] = {}  # the gate version its h_pred was gated at
+        self._tracked: dict[int, _Tracked] = {}
+        # Why a stamp: most shown workflows are unchanged since the decision before, and one
+        # dict lookup per shown call (forecast_stale) tells them apart; the epoch counts the
+        # predictor's versions (a new model forecasts every workflow again)
+        self._model_version = predictor.version
+        self._epoch = 0
+        self._stamp: dict[int, int] = {}
 
     def refresh(self, finished: Sequence[Workflow], calls: Sequence[Any]) -> None:
         """Learn from ``finished[seen:]``, then forecast the changed workflows of ``calls``."""
@@ -138,48 +246,55 @@ class HorizonTracker:
         if len(finished) > self._seen_finished:
             self._learn(finished[self._seen_finished:])
             self._seen_finished = len(finished)
-        progress, latest, versions = self._progress, self._latest, self._version
         version = predictor.version
-        gate, gated, forecast = self.gate, self._gated, self._forecast
-        gate_version = gate.version
+        if version != self._model_version:
+            self._model_version = version
+            self._epoch += 1
+        gate = self.gate
+        changed = (kernels.forecast_stale or forecast_stale_python)(
+            calls, self._stamp, self._epoch, gate.app_version)
+        if not changed:  # most decisions: nothing shown has moved since it was last judged
+            return
+        tracked, judgement = self._tracked, gate.judgement
         stale: list[tuple[Workflow, list[float]]] = []
-        for c in calls:
-            wf = c.workflow
-            uid = wf.uid
-            key = (wf.num_done, len(wf.open_calls))
-            if progress.get(uid) != key:
-                progress[uid] = key
-                row = latest[uid] = workflow_features(wf, predictor.app_code(wf.spec.app_id))
-                self._rows.setdefault(uid, []).append(row)
-            elif versions.get(uid) != version:
-                row = latest[uid]
-            else:
-                if gated[uid] != gate_version:  # the same forecast, judged again
-                    gated[uid] = gate_version
-                    wf.h_pred = gate.use(wf.spec.app_id, forecast[uid], wf.h_est)
+        kept: list[_Tracked] = []
+        for i in changed:
+            wf = calls[i].workflow
+            t = tracked.get(wf.uid)
+            if t is None:
+                t = tracked[wf.uid] = _Tracked(
+                    arrival_features(wf, predictor.app_code(wf.spec.app_id)))
+            progress = 2 * wf.num_done + len(wf.open_calls)
+            if t.progress != progress:
+                t.progress = progress
+                t.row = workflow_features(wf, 0.0, t.arrival)
+                t.rows.append(t.row)
+            elif t.version == version:  # its application's judgement moved: judged again
+                app = wf.spec.app_id
+                wf.h_pred = gated(judgement.get(app) or gate.judge(app), t.h, t.ratio)
                 continue
-            versions[uid] = version
-            stale.append((wf, row))
+            t.version = version
+            stale.append((wf, t.row))
+            kept.append(t)
         if stale:
-            issued = self._issued
-            for (wf, _), h in zip(stale, predictor.predict(stale), strict=True):
-                uid = wf.uid
+            for (wf, _), t, h in zip(stale, kept, predictor.predict(stale), strict=True):
                 if h > 0.0:
-                    issued.setdefault(uid, []).append(math.log(h))
-                forecast[uid] = h
-                gated[uid] = gate_version
-                wf.h_pred = gate.use(wf.spec.app_id, h, wf.h_est)
+                    t.issued.append(math.log(h))
+                r = log_ratio(h, wf.h_est)
+                app = wf.spec.app_id
+                gate.watch(app, t.ratio, r)
+                t.h, t.ratio = h, r
+                wf.h_pred = gated(judgement.get(app) or gate.judge(app), h, r)
 
     def _learn(self, new: Sequence[Workflow]) -> None:
-        rows = self._rows
-        self.predictor.learn([(wf, rows.pop(wf.uid, [])) for wf in new])
-        for wf in new:  # never shown again: keep the tracker's memory to running ones
-            uid = wf.uid
-            self._progress.pop(uid, None)
-            self._latest.pop(uid, None)
-            self._version.pop(uid, None)
-            self._forecast.pop(uid, None)
-            self._gated.pop(uid, None)
-            issued = self._issued.pop(uid, None)
-            if issued and wf.horizon > 0.0:
-                self.gate.record(wf.spec.app_id, issued, math.log(wf.horizon))
+        tracked = self._tracked
+        gone = [tracked.pop(wf.uid, None) for wf in new]  # never shown again
+        self.predictor.learn([(wf, [] if t is None else t.rows)
+                              for wf, t in zip(new, gone, strict=True)])
+        for wf, t in zip(new, gone, strict=True):
+            self._stamp.pop(wf.uid, None)
+            if t is None:
+                continue
+            self.gate.watch(wf.spec.app_id, t.ratio, None)
+            if t.issued and wf.horizon > 0.0:
+                self.gate.record(wf.spec.app_id, t.issued, math.log(wf.horizon))

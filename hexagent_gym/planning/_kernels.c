@@ -933,11 +933,12 @@ done:
  * (set at import). */
 enum { A_WORKFLOW, A_ARRIVAL, A_H_EST, A_TRANSFER_END, A_REVEAL_T, A_L_IN, A_L_OUT_PRED,
        A_EST_DURATION, A_NUM_DONE, A_SERVICE, A_OPEN_CALLS, A_CACHED, A_RUNNING, A_QUEUE,
-       A_BATCH, A_WAITING, A_PF_EST, A_PF_COLD, A_KV_PRED, A_CTX_SHARE, A_COUNT };
+       A_BATCH, A_WAITING, A_PF_EST, A_PF_COLD, A_KV_PRED, A_CTX_SHARE, A_UID, A_SPEC,
+       A_APP_ID, A_COUNT };
 static const char *const attr_names[A_COUNT] = {
     "workflow", "arrival", "h_est", "transfer_end", "reveal_t", "l_in", "l_out_pred",
     "est_duration", "num_done", "service", "open_calls", "cached", "running", "queue", "batch",
-    "waiting", "pf_est", "pf_cold", "kv_pred", "ctx_share"};
+    "waiting", "pf_est", "pf_cold", "kv_pred", "ctx_share", "uid", "spec", "app_id"};
 static PyObject *attr_str[A_COUNT];
 
 /* Where each name lives in the last type it was read from, when that type keeps it in a
@@ -2219,6 +2220,102 @@ fail:
     return NULL;
 }
 
+/* A non-negative int below 2^62 as a long long; -1 with an error set otherwise (name: what). */
+static long long small_count(PyObject *v, const char *what) {
+    if (!PyLong_Check(v)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, got %s", what, Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (overflow || x < 0 || x >= (1LL << 62)) {
+        PyErr_Format(PyExc_OverflowError, "%s must be in [0, 2**62)", what);
+        return -1;
+    }
+    return x;
+}
+
+/* forecast_stale(calls, stamp, epoch, app_version) -> [i, ...]
+ * horizon_tracker.forecast_stale_python, compiled: for each call i (a Call of the core) with
+ * wf = calls[i].workflow and key = 2 * wf.num_done + len(wf.open_calls)
+ * + ((epoch + app_version.get(wf.spec.app_id, 0)) << 32), when stamp.get(wf.uid) != key:
+ * stamp[wf.uid] = key and i is listed (in order). Counts must stay below 2^30 and progress below
+ * 2^32 (an OverflowError otherwise); a stamp that is not such a key counts as a mismatch. */
+static PyObject *forecast_stale(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 4, "forecast_stale")) return NULL;
+    PyObject *calls = args[0], *stamp = args[1], *versions = args[3];
+    if (!is_seq(calls, "calls")) return NULL;
+    if (!PyDict_CheckExact(stamp) || !PyDict_CheckExact(versions)) {
+        PyErr_SetString(PyExc_TypeError, "stamp and app_version must be dicts");
+        return NULL;
+    }
+    long long epoch = small_count(args[2], "epoch");
+    if (epoch < 0) return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    Py_ssize_t n = Py_SIZE(calls);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *wf = attr(at(calls, i), A_WORKFLOW);
+        if (wf == NULL) goto fail;
+        PyObject *uid = attr(wf, A_UID), *done = NULL, *spec = NULL, *app = NULL;
+        double open = -1.0;
+        long long key = -1, nd, hi = epoch;
+        if (uid == NULL || (done = attr(wf, A_NUM_DONE)) == NULL) goto item_fail;
+        if ((nd = small_count(done, "num_done")) < 0) goto item_fail;
+        if ((open = attr_len(wf, A_OPEN_CALLS)) < 0.0) goto item_fail;
+        if ((spec = attr(wf, A_SPEC)) == NULL || (app = attr(spec, A_APP_ID)) == NULL)
+            goto item_fail;
+        PyObject *v = PyDict_GetItemWithError(versions, app); /* borrowed */
+        if (v == NULL && PyErr_Occurred()) goto item_fail;
+        if (v != NULL) {
+            long long av = small_count(v, "app_version");
+            if (av < 0) goto item_fail;
+            hi += av;
+        }
+        if (hi >= (1LL << 30) || 2 * nd + (long long)open >= (1LL << 32)) {
+            PyErr_SetString(PyExc_OverflowError, "forecast_stale: a stamp needs over 62 bits");
+            goto item_fail;
+        }
+        key = 2 * nd + (long long)open + (hi << 32);
+        PyObject *old = PyDict_GetItemWithError(stamp, uid); /* borrowed */
+        if (old == NULL && PyErr_Occurred()) goto item_fail;
+        int same = 0;
+        if (old != NULL && PyLong_CheckExact(old)) {
+            int overflow = 0;
+            long long was = PyLong_AsLongLongAndOverflow(old, &overflow);
+            if (was == -1 && PyErr_Occurred()) goto item_fail;
+            same = !overflow && was == key;
+        }
+        if (!same) {
+            PyObject *k = PyLong_FromLongLong(key);
+            PyObject *idx = k == NULL ? NULL : PyLong_FromSsize_t(i);
+            int rc = idx == NULL ? -1 : PyDict_SetItem(stamp, uid, k);
+            if (rc == 0) rc = PyList_Append(out, idx);
+            Py_XDECREF(k);
+            Py_XDECREF(idx);
+            if (rc < 0) goto item_fail;
+        }
+        Py_DECREF(wf);
+        Py_DECREF(uid);
+        Py_DECREF(done);
+        Py_DECREF(spec);
+        Py_DECREF(app);
+        continue;
+    item_fail:
+        Py_DECREF(wf);
+        Py_XDECREF(uid);
+        Py_XDECREF(done);
+        Py_XDECREF(spec);
+        Py_XDECREF(app);
+        goto fail;
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"best_prefill_pairs", (PyCFunction)(void (*)(void))best_prefill_pairs, METH_FASTCALL,
      "best_prefill_pairs(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static, "
@@ -2264,6 +2361,9 @@ static PyMethodDef methods[] = {
      "PlanState.commit_prefill_picks (see the source)."},
     {"prefill_free_times", (PyCFunction)(void (*)(void))prefill_free_times, METH_FASTCALL,
      "prefill_free_times(run_end, now, queued) -> [float]: entities.prefill_free_times."},
+    {"forecast_stale", (PyCFunction)(void (*)(void))forecast_stale, METH_FASTCALL,
+     "forecast_stale(calls, stamp, epoch, app_version) -> [i, ...]: "
+     "horizon_tracker.forecast_stale_python."},
     {"decode_scan", (PyCFunction)(void (*)(void))decode_scan, METH_FASTCALL,
      "decode_scan(kind, tokens, count, ctx) -> [d, ...]: placement.decode_scan."},
     {NULL, NULL, 0, NULL},

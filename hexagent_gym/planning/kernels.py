@@ -85,12 +85,17 @@ columns, fresh arrays from the per-decision templates), compiled
 (``hexagent_gym.envs.encoding.Encoder.
 observe``'s numpy and list code, same values), or None."""
 
+forecast_stale = None
+"""The compiled ``horizon_tracker.forecast_stale_python`` (which shown workflows a horizon
+forecast must judge again), or None."""
+
+
 def use_compiled(on: bool) -> None:
     """Run the compiled kernels (``on``, if built) or the pure-Python rules from now on."""
     global best_prefill_pairs, prefill_grid, decode_scan, prefill_free_times, decode_limits
     global observe_step, risk_plan, match_levels, earliest_pair, begin_rows
     global cache_lock, cache_insert, cache_unlock, standalone_estimate, decode_cells
-    global commit_prefill_picks
+    global commit_prefill_picks, forecast_stale
     on = bool(on and AVAILABLE)
     best_prefill_pairs = _compiled.best_prefill_pairs if on else None
     prefill_grid = _compiled.prefill_grid if on else None
@@ -108,11 +113,13 @@ def use_compiled(on: bool) -> None:
     cache_insert = _compiled.cache_insert if on else None
     cache_unlock = _compiled.cache_unlock if on else None
     earliest_pair = _compiled.earliest_pair if on else None
+    forecast_stale = _compiled.forecast_stale if on else None
 
 
 use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
 
 __all__ = ["AVAILABLE", "begin_rows", "best_prefill_pairs", "cache_insert", "cache_lock",
            "cache_unlock", "commit_prefill_picks", "decode_cells", "decode_limits", "decode_scan",
-           "earliest_pair", "match_levels", "observe_step", "prefill_free_times", "prefill_grid",
-           "risk_plan", "standalone_estimate", "use_compiled"]
+           "earliest_pair", "forecast_stale", "match_levels", "observe_step",
+           "prefill_free_times", "prefill_grid", "risk_plan", "standalone_estimate",
+           "use_compiled"]

@@ -124,3 +124,32 @@ def test_all_trusted_needs_every_workflows_application_trusted():
     assert not gate.all_trusted([wf["a"], wf["b"]])
     # c has no record of its own and no family: all applications' error, sqrt((0.04+0.81)/2)
     assert not gate.all_trusted([wf["c"]])
+
+
+def test_a_record_moves_an_applications_version_only_where_a_gated_answer_changes():
+    gate = ForecastGate(0.7)
+    gate.record("a", [0.0] * MIN_ROWS, 0.4)  # a's error 0.4 (3.2 over 20)
+    assert gate.trusted("a") and gate.judgement["a"] == (True, pytest.approx(0.4))
+    gate.watch("a", None, 0.5)  # a forecast in use whose margin over H_w(t) is 0.5
+    gate.record("a", [0.0] * MIN_ROWS, 0.5)  # sqrt(8.2 / 40) = 0.453: still below 0.5
+    assert gate.app_version.get("a", 0) == 0
+    assert gate.judgement["a"][1] == pytest.approx(math.sqrt(8.2 / 40))
+    gate.record("b", [0.0] * MIN_ROWS, 0.1)  # another application's own record: a unread
+    assert gate.app_version.get("a", 0) == 0
+    gate.record("a", [0.0] * MIN_ROWS, 0.7)  # sqrt(18 / 60) = 0.548: the 0.5 margin flips
+    assert gate.app_version["a"] == 1 and gate.use("a", math.exp(0.5), 1.0) == 0.0
+    gate.watch("a", 0.5, None)  # that forecast is gone: only the trust matters now
+    gate.record("a", [0.0] * MIN_ROWS, 0.6)  # sqrt(25.2 / 80) = 0.561: nothing to flip
+    assert gate.app_version["a"] == 1
+    gate.record("a", [0.0] * 3 * MIN_ROWS, 1.0)  # sqrt(85.2 / 140) = 0.78 > 0.7: distrusted
+    assert gate.app_version["a"] == 2 and not gate.trusted("a")
+
+
+def test_an_application_judged_by_its_family_moves_with_the_family():
+    gate = ForecastGate(0.7)
+    gate.record("f/x", [0.0] * MIN_ROWS, 0.3)
+    gate.record("f/y", [0.0] * 2, 0.3)  # too few of its own: the family decides for f/y
+    assert gate.trusted("f/y") and gate.trusted("f/x")
+    gate.record("f/x", [0.0] * 4 * MIN_ROWS, 1.0)  # the family's error goes over the limit
+    assert gate.app_version == {"f/x": 1, "f/y": 1}
+    assert not gate.trusted("f/x") and not gate.trusted("f/y")
