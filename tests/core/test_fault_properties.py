@@ -10,12 +10,11 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from hexagent_gym.planning.decisions import earliest_finish_pick
-from hexagent_gym.planning.entities import CallState
 from hexagent_gym.sim.simulator import Simulator
 from hexagent_gym.workload.arrivals import EpisodeWorkload
 from hexagent_gym.workload.prompts import DEFAULT_BLOCK_TOKENS
 from hexagent_gym.workload.workload import make_workflow
-from tests.core.test_properties import latencies, random_picker
+from tests.core.test_properties import check_completion, latencies, random_picker
 from tests.toy import toy_cluster, workflow_with_reuse
 
 
@@ -61,32 +60,6 @@ def fault_scenarios(draw):
     return cluster, work, faults
 
 
-EPS = 1e-9
-
-
-def check_invariants(sim, cluster):
-    """``test_properties.check_invariants`` with sample groups: a rider shares its leader's
-    prefill, so only calls that prefill themselves count for the one-at-a-time check."""
-    calls = [c for w in sim.workflows for c in w.calls]
-    assert sim.done and len(sim.workflows) == len(sim.workload.workflows)
-    for w in sim.workflows:
-        assert w.num_done == len(w.calls)  # every call completed exactly once
-        assert w.finish_t == max(c.finish_t for c in w.calls)
-    for c in calls:
-        assert c.state == CallState.DONE
-        parents = [c.workflow.calls[i] for i in c.spec.parents]
-        ready = max((p.finish_t for p in parents), default=c.workflow.arrival)
-        assert abs(c.reveal_t - ready - (c.spec.tool_latency_s if parents else 0.0)) < EPS
-        assert c.reveal_t - EPS <= c.prefill_start < c.prefill_end <= c.transfer_end + EPS
-        assert c.transfer_end - EPS <= c.decode_start < c.finish_t
-    for p in range(len(cluster.prefill)):  # single-server prefill: no overlap
-        spans = sorted((c.prefill_start, c.prefill_end) for c in calls
-                       if c.prefill_inst == p and c.lead is None)
-        assert all(a[1] <= b[0] + EPS for a, b in zip(spans, spans[1:], strict=False))
-    for d, spec in enumerate(cluster.decode):
-        assert sim.decode[d].peak_kv <= spec.kv_capacity_tokens + 1e-6
-
-
 def run_checked(sim, pick):
     """Run the episode, checking at every decision that KV is within capacity and that no
     unavailable instance is offered."""
@@ -121,7 +94,7 @@ def test_every_call_completes_once_under_faults(scenario, seed, mode):
     else:
         pick = random_picker(seed) if mode == "random" else None
         res = run_checked(sim, pick or earliest_finish_pick)
-    check_invariants(sim, cluster)
+    check_completion(sim, cluster)
     assert res.num_workflows == len(work.workflows)
     assert res.fault_reexecuted_calls >= 0 and res.fault_recomputed_tokens >= 0
     event("work lost and served again" if res.fault_reexecuted_calls else "no work lost")

@@ -84,7 +84,10 @@ def record_clock(sim):
     return sim.events.times
 
 
-def check_invariants(sim, cluster):
+def check_completion(sim, cluster):
+    """Every workflow and call finished exactly once, each call's phases in order after its
+    parents (plus tool latency), no prefill instance running two prefills at once (a sample
+    group's riders share their leader's prefill) and decode KV within capacity."""
     calls = [c for w in sim.workflows for c in w.calls]
     assert sim.done and len(sim.workflows) == len(sim.workload.workflows)
     for w in sim.workflows:
@@ -94,19 +97,26 @@ def check_invariants(sim, cluster):
         assert c.state == CallState.DONE
         parents = [c.workflow.calls[i] for i in c.spec.parents]
         ready = max((p.finish_t for p in parents), default=c.workflow.arrival)
-        ready += c.spec.tool_latency_s if parents else 0.0
-        assert abs(c.reveal_t - ready) < EPS
-        assert c.prefill_start >= c.reveal_t - EPS
-        assert c.prefill_end - c.prefill_start > 0
-        assert c.transfer_end >= c.prefill_end
-        assert c.decode_start >= c.transfer_end - EPS
-        assert c.finish_t > c.decode_start
+        assert abs(c.reveal_t - ready - (c.spec.tool_latency_s if parents else 0.0)) < EPS
+        assert c.reveal_t - EPS <= c.prefill_start < c.prefill_end <= c.transfer_end + EPS
+        assert c.transfer_end - EPS <= c.decode_start < c.finish_t
     for p in range(len(cluster.prefill)):  # single-server prefill: no overlap
-        spans = sorted((c.prefill_start, c.prefill_end) for c in calls if c.prefill_inst == p)
+        spans = sorted((c.prefill_start, c.prefill_end) for c in calls
+                       if c.prefill_inst == p and c.lead is None)
         assert all(a[1] <= b[0] + EPS for a, b in zip(spans, spans[1:], strict=False))
-    for d, spec in enumerate(cluster.decode):  # KV and batch limits at every admission
+    for d, spec in enumerate(cluster.decode):
         # true KV in use never exceeds capacity (with predicted reservations, by preemption)
         assert sim.decode[d].peak_kv <= spec.kv_capacity_tokens + 1e-6
+    return calls
+
+
+def check_invariants(sim, cluster):
+    """:func:`check_completion`, with transfers never before their prefill ends and, at every
+    admission, the batch limit and (where reservations cover true demands) the true KV."""
+    calls = check_completion(sim, cluster)
+    for c in calls:
+        assert c.transfer_end >= c.prefill_end
+    for d, spec in enumerate(cluster.decode):  # KV and batch limits at every admission
         mine = [c for c in calls if c.decode_inst == d]
         for c in mine:
             live = [o for o in mine if o.decode_start <= c.decode_start < o.finish_t]
