@@ -27,7 +27,7 @@ calls waiting whose progress changed, and writes the forecast to ``Workflow.h_pr
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -99,6 +99,12 @@ class HorizonPredictor:
     def predict(self, rows: Sequence[tuple[Workflow, list[float]]]) -> list[float]:
         """Ĥ in seconds per (workflow, feature row); 0.0 means no forecast."""
         return [0.0] * len(rows)
+
+    def row_scorer(self) -> Callable[[list[float]], float] | None:
+        """A function of one feature row alone whose ``math.exp`` is exactly what
+        :meth:`predict` answers for it until the next :attr:`version`, where the predictor has
+        one (a compiled model); else None."""
+        return None
 
 
 class OraclePredictor(HorizonPredictor):
@@ -307,11 +313,11 @@ class LearnedPredictor(HorizonPredictor):
                                 categorical_feature=[0], free_raw_data=True,
                                 params={"verbose": -1})
         return RowPredictor(lightgbm.train(self.params, data, num_boost_round=self.rounds),
-                            len(FEATURES))
+                            len(FEATURES), x)
 
     def learn(self, finished: Sequence[tuple[Workflow, list[list[float]]]]) -> None:
-        self._episode_fallback.learn(finished)
-        if self._model is None:
+        if self._model is None:  # the fallback answers until the first fit, and never after
+            self._episode_fallback.learn(finished)
             self.version = self._episode_fallback.version
         for wf, rows in finished:
             if wf.horizon > 0.0:
@@ -330,9 +336,14 @@ class LearnedPredictor(HorizonPredictor):
                 self.version += 1
 
     def predict(self, rows: Sequence[tuple[Workflow, list[float]]]) -> list[float]:
-        if self._model is None:
+        model = self._model
+        if model is None:
             return self._episode_fallback.predict(rows)
-        return self.predict_rows([r for _, r in rows])
+        exp = math.exp  # predict_rows, written out: it runs once per forecast
+        return [exp(v) for v in model.predict([r for _, r in rows])]
+
+    def row_scorer(self) -> Callable[[list[float]], float] | None:
+        return None if self._model is None else self._model.scorer()
 
     def predict_rows(self, rows: Sequence[list[float]]) -> list[float]:
         """Ĥ in seconds per :data:`FEATURES` row, from the current model (one must exist)."""

@@ -23,7 +23,6 @@ from hexagent_gym.futures.horizon_predictors import (
     HorizonPredictor,
     arrival_features,
     scopes,
-    workflow_features,
 )
 from hexagent_gym.planning import kernels
 
@@ -82,6 +81,7 @@ class ForecastGate:
         margin of :meth:`use` compares with: :meth:`error`, None without a limit); filled by
         :meth:`judge`."""
         self._read: dict[str, tuple[str | None, ...]] = {}  # the scopes each judgement read
+        self._scopes: dict[str, tuple[str | None, ...]] = {}  # per app, :func:`scopes`
         self._readers: dict[str | None, set[str]] = {}  # scope → the judged apps that read it
         self._ratios: dict[str, list[float]] = {}  # per app, the watched ratios, sorted
         self.app_version: dict[str, int] = {}
@@ -95,26 +95,37 @@ class ForecastGate:
         if not log_forecasts:
             return
         sq = sum((f - log_truth) ** 2 for f in log_forecasts)
-        touched = scopes(app_id)
+        n = len(log_forecasts)
+        touched = self._scopes.get(app_id) or self._scopes.setdefault(app_id, scopes(app_id))
+        sums = self._sq
         for key in touched:
-            s = self._sq.setdefault(key, [0.0, 0])
+            s = sums.get(key)
+            if s is None:
+                s = sums[key] = [0.0, 0]
             s[0] += sq
-            s[1] += len(log_forecasts)
+            s[1] += n
         # only the applications whose judgement read a scope this record moved are judged
         # again, and their version grows only where a gated answer changes: the trust flips,
         # or the error crosses the margin of a forecast in use (:meth:`watch`)
-        readers = self._readers
-        moved = set().union(*[readers.pop(key, ()) for key in touched])
+        readers, read = self._readers, self._read
+        moved: set[str] = set()
+        for key in touched:
+            apps = readers.pop(key, None)
+            if apps:
+                moved |= apps
+        if not moved:
+            return
         for app in moved:
-            for key in self._read.pop(app):
+            for key in read.pop(app):
                 if key not in touched:
                     readers[key].discard(app)
-        for app in sorted(moved):
-            was = self.judgement.pop(app)
+        judgement, versions = self.judgement, self.app_version
+        for app in sorted(moved) if len(moved) > 1 else moved:
+            was = judgement.pop(app)
             now = self.judge(app)
             if was != now and (was[0] != now[0] or (now[0] and self._crossed(app, was[1],
                                                                               now[1]))):
-                self.app_version[app] = self.app_version.get(app, 0) + 1
+                versions[app] = versions.get(app, 0) + 1
 
     def watch(self, app_id: str, old: float | None, new: float | None) -> None:
         """A forecast of ``app_id`` in use changed its :func:`log_ratio` from ``old`` to ``new``
@@ -141,7 +152,7 @@ class ForecastGate:
 
     def _deciding(self, app_id: str) -> tuple[float | None, tuple[str | None, ...]]:
         """(:meth:`error`, the scopes read to find it: up to the one that decides)."""
-        all_scopes = scopes(app_id)
+        all_scopes = self._scopes.get(app_id) or self._scopes.setdefault(app_id, scopes(app_id))
         for i, key in enumerate(all_scopes):
             s = self._sq.get(key)
             if s is not None and s[1] >= MIN_ROWS:
@@ -180,8 +191,13 @@ class ForecastGate:
         else:
             err, read = self._deciding(app_id)
         self._read[app_id] = read
+        readers = self._readers
         for key in read:
-            self._readers.setdefault(key, set()).add(app_id)
+            apps = readers.get(key)
+            if apps is None:
+                readers[key] = {app_id}
+            else:
+                apps.add(app_id)
         verdict = self.judgement[app_id] = (err is None or err <= self.limit, err)
         return verdict
 
@@ -239,22 +255,28 @@ class HorizonTracker:
         self._model_version = predictor.version
         self._epoch = 0
         self._stamp: dict[int, int] = {}
+        self._score = predictor.row_scorer()
 
     def refresh(self, finished: Sequence[Workflow], calls: Sequence[Any]) -> None:
         """Learn from ``finished[seen:]``, then forecast the changed workflows of ``calls``."""
-        predictor = self.predictor
+        # this runs at every decision point (about six per simulated call under load), so the
+        # path where nothing changed is kept to a length check and the stale test
         if len(finished) > self._seen_finished:
             self._learn(finished[self._seen_finished:])
             self._seen_finished = len(finished)
-        version = predictor.version
-        if version != self._model_version:
-            self._model_version = version
-            self._epoch += 1
+            if self.predictor.version != self._model_version:  # versions move by learning only
+                self._model_version = self.predictor.version
+                self._epoch += 1
+                self._score = self.predictor.row_scorer()
         gate = self.gate
         changed = (kernels.forecast_stale or forecast_stale_python)(
             calls, self._stamp, self._epoch, gate.app_version)
         if not changed:  # most decisions: nothing shown has moved since it was last judged
             return
+        predictor, version = self.predictor, self._model_version
+        # the loops below are :func:`workflow_features`, :func:`log_ratio`, :meth:`gate.watch
+        # <ForecastGate.watch>` and :func:`gated` written out: they run once per forecast, about
+        # once per simulated call, where each function call costs a share of the budget
         tracked, judgement = self._tracked, gate.judgement
         stale: list[tuple[Workflow, list[float]]] = []
         kept: list[_Tracked] = []
@@ -264,11 +286,13 @@ class HorizonTracker:
             if t is None:
                 t = tracked[wf.uid] = _Tracked(
                     arrival_features(wf, predictor.app_code(wf.spec.app_id)))
-            progress = 2 * wf.num_done + len(wf.open_calls)
+            done = wf.num_done
+            progress = 2 * done + len(wf.open_calls)
             if t.progress != progress:
                 t.progress = progress
-                t.row = workflow_features(wf, 0.0, t.arrival)
-                t.rows.append(t.row)
+                row = t.row = [*t.arrival, float(done + len(wf.open_calls)), float(done),
+                               wf.h_est, wf.h_est_done]
+                t.rows.append(row)
             elif t.version == version:  # its application's judgement moved: judged again
                 app = wf.spec.app_id
                 wf.h_pred = gated(judgement.get(app) or gate.judge(app), t.h, t.ratio)
@@ -276,15 +300,35 @@ class HorizonTracker:
             t.version = version
             stale.append((wf, t.row))
             kept.append(t)
-        if stale:
-            for (wf, _), t, h in zip(stale, kept, predictor.predict(stale), strict=True):
-                if h > 0.0:
-                    t.issued.append(math.log(h))
-                r = log_ratio(h, wf.h_est)
-                app = wf.spec.app_id
-                gate.watch(app, t.ratio, r)
-                t.h, t.ratio = h, r
-                wf.h_pred = gated(judgement.get(app) or gate.judge(app), h, r)
+        if not stale:
+            return
+        log, ratios, score = math.log, gate._ratios, self._score
+        if score is not None:  # HorizonPredictor.row_scorer: the same forecasts, fewer steps
+            exp = math.exp
+            forecasts = [exp(score(row)) for _, row in stale]
+        else:
+            forecasts = predictor.predict(stale)
+        for (wf, _), t, h in zip(stale, kept, forecasts, strict=True):
+            h_est = wf.h_est
+            if h > 0.0:
+                t.issued.append(log(h))
+                r = log(h / h_est) if h_est > 0.0 else None
+            else:
+                r = None
+            app = wf.spec.app_id
+            old = t.ratio
+            if old is not None or r is not None:  # gate.watch(app, old, r)
+                watched = ratios.get(app)
+                if watched is None:
+                    watched = ratios[app] = []
+                if old is not None and old == old:
+                    del watched[bisect_left(watched, old)]
+                if r is not None and r == r:
+                    insort(watched, r)
+            t.h, t.ratio = h, r
+            verdict = judgement.get(app) or gate.judge(app)
+            wf.h_pred = (0.0 if not verdict[0] or (r is not None and verdict[1] is not None
+                                                    and r <= verdict[1]) else h)
 
     def _learn(self, new: Sequence[Workflow]) -> None:
         tracked = self._tracked

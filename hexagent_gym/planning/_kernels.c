@@ -2255,9 +2255,15 @@ static PyObject *forecast_stale(PyObject *self, PyObject *const *args, Py_ssize_
     PyObject *out = PyList_New(0);
     if (out == NULL) return NULL;
     Py_ssize_t n = Py_SIZE(calls);
+    PyObject *previous = NULL; /* borrowed, compared only: a workflow's calls often sit together */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *wf = attr(at(calls, i), A_WORKFLOW);
         if (wf == NULL) goto fail;
+        if (wf == previous) { /* its key was just stamped: the same again */
+            Py_DECREF(wf);
+            continue;
+        }
+        previous = wf;
         PyObject *uid = attr(wf, A_UID), *done = NULL, *spec = NULL, *app = NULL;
         double open = -1.0;
         long long key = -1, nd, hi = epoch;
@@ -2316,6 +2322,96 @@ fail:
     return NULL;
 }
 
+/* The flattened tree ensemble of lightgbm_rows.flatten_booster: a header of five int64
+ * (trees, features, nodes, leaves, bitset words), then per tree its root (int32: a node, or
+ * ~leaf for a one-leaf tree), the nodes (ens_node, 32 bytes each), the leaf values (double)
+ * and the categorical bitsets (uint32 words). A child is a node index >= 0 or ~leaf. */
+typedef struct {
+    double threshold;
+    int32_t feature, left, right, flags, cat_off, cat_len;
+} ens_node;
+
+#define ENS_ZERO ((double)1e-35f) /* LightGBM's kZeroThreshold (a float): inputs this close to 0 read as 0 */
+
+/* ensemble_score(blob, row) -> float
+ * The raw score (sum of each tree's leaf value, tree by tree from 0.0) of the flattened
+ * ensemble blob for row (a list or tuple of floats, one per feature), with LightGBM's
+ * prediction rules: an input within 1e-35f (as a float) of 0 reads as 0; a numerical node (flags bit 0
+ * clear) with missing type (flags >> 2 & 3) Zero sends 0 and NaN-as-0, and with missing type
+ * NaN sends NaN, to its default side (flags bit 1: left), anything else left when value <=
+ * threshold; a categorical node sends NaN, values <= -1 and values >= 2^31 right, else the
+ * category (int)value left when its bit is set in the node's bitset. */
+static PyObject *ensemble_score(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (!arity(nargs, 2, "ensemble_score")) return NULL;
+    PyObject *blob = args[0], *row = args[1];
+    if (!PyBytes_CheckExact(blob) || !is_seq(row, "row")) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "blob must be bytes");
+        return NULL;
+    }
+    const char *base = PyBytes_AS_STRING(blob);
+    Py_ssize_t size = PyBytes_GET_SIZE(blob);
+    int64_t head[5];
+    if (size < (Py_ssize_t)sizeof head) goto bad;
+    memcpy(head, base, sizeof head);
+    int64_t T = head[0], F = head[1], N = head[2], L = head[3], W = head[4];
+    if (T < 0 || F < 0 || F > 256 || N < 0 || L < 1 || W < 0 || T > (1 << 24)
+            || N > (1 << 26) || L > (1 << 26) || W > (1 << 26))
+        goto bad;
+    Py_ssize_t roots_at = sizeof head, nodes_at = roots_at + 4 * ((T + 1) / 2 * 2);
+    Py_ssize_t leaves_at = nodes_at + (Py_ssize_t)sizeof(ens_node) * N;
+    Py_ssize_t words_at = leaves_at + 8 * L;
+    if (size != words_at + 4 * W) goto bad;
+    if (Py_SIZE(row) != F) {
+        PyErr_Format(PyExc_ValueError, "ensemble_score: the row has %zd values, the model %lld "
+                     "features", Py_SIZE(row), (long long)F);
+        return NULL;
+    }
+    double x[256];
+    for (Py_ssize_t j = 0; j < F; j++) {
+        double v = PyFloat_AsDouble(at(row, j));
+        if (v == -1.0 && PyErr_Occurred()) return NULL;
+        x[j] = fabs(v) <= ENS_ZERO ? 0.0 : v;
+    }
+    const int32_t *roots = (const int32_t *)(base + roots_at);
+    const ens_node *nodes = (const ens_node *)(base + nodes_at);
+    const double *leaves = (const double *)(base + leaves_at);
+    const uint32_t *words = (const uint32_t *)(base + words_at);
+    double score = 0.0;
+    for (int64_t t = 0; t < T; t++) {
+        int32_t at_node = roots[t];
+        for (int64_t steps = 0; at_node >= 0; steps++) {
+            if (at_node >= N || steps >= N) goto bad;
+            const ens_node *nd = &nodes[at_node];
+            if (nd->feature < 0 || nd->feature >= F) goto bad;
+            double v = x[nd->feature];
+            int32_t missing = (nd->flags >> 2) & 3, go_left;
+            if (nd->flags & 1) { /* categorical */
+                go_left = 0;
+                if (!isnan(v) && v > -1.0 && v < 2147483648.0) {
+                    int32_t cat = (int32_t)v, word = cat / 32;
+                    if (nd->cat_off < 0 || nd->cat_len < 0 || nd->cat_off + nd->cat_len > W)
+                        goto bad;
+                    go_left = word < nd->cat_len && ((words[nd->cat_off + word] >> (cat % 32)) & 1u);
+                }
+            } else {
+                if (isnan(v) && missing != 2) v = 0.0;
+                if ((missing == 1 && fabs(v) <= ENS_ZERO) || (missing == 2 && isnan(v)))
+                    go_left = (nd->flags & 2) != 0;
+                else
+                    go_left = v <= nd->threshold;
+            }
+            at_node = go_left ? nd->left : nd->right;
+        }
+        if (~at_node >= L) goto bad;
+        score += leaves[~at_node];
+    }
+    return PyFloat_FromDouble(score);
+bad:
+    PyErr_SetString(PyExc_ValueError, "ensemble_score: blob is not a flattened ensemble "
+                    "(lightgbm_rows.flatten_booster)");
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"best_prefill_pairs", (PyCFunction)(void (*)(void))best_prefill_pairs, METH_FASTCALL,
      "best_prefill_pairs(now, free, pf_members, pf_class, scan, count, ctx, tokens, dec_static, "
@@ -2364,6 +2460,9 @@ static PyMethodDef methods[] = {
     {"forecast_stale", (PyCFunction)(void (*)(void))forecast_stale, METH_FASTCALL,
      "forecast_stale(calls, stamp, epoch, app_version) -> [i, ...]: "
      "horizon_tracker.forecast_stale_python."},
+    {"ensemble_score", (PyCFunction)(void (*)(void))ensemble_score, METH_FASTCALL,
+     "ensemble_score(blob, row) -> float: the raw score of a flattened LightGBM ensemble "
+     "(lightgbm_rows.flatten_booster)."},
     {"decode_scan", (PyCFunction)(void (*)(void))decode_scan, METH_FASTCALL,
      "decode_scan(kind, tokens, count, ctx) -> [d, ...]: placement.decode_scan."},
     {NULL, NULL, 0, NULL},

@@ -89,13 +89,17 @@ forecast_stale = None
 """The compiled ``horizon_tracker.forecast_stale_python`` (which shown workflows a horizon
 forecast must judge again), or None."""
 
+ensemble_score = None
+"""The raw score of a LightGBM model for one row, from ``lightgbm_rows.flatten_booster``'s
+block (the same score as LightGBM's own; ``RowPredictor`` checks it), or None."""
+
 
 def use_compiled(on: bool) -> None:
     """Run the compiled kernels (``on``, if built) or the pure-Python rules from now on."""
     global best_prefill_pairs, prefill_grid, decode_scan, prefill_free_times, decode_limits
     global observe_step, risk_plan, match_levels, earliest_pair, begin_rows
     global cache_lock, cache_insert, cache_unlock, standalone_estimate, decode_cells
-    global commit_prefill_picks, forecast_stale
+    global commit_prefill_picks, forecast_stale, ensemble_score
     on = bool(on and AVAILABLE)
     best_prefill_pairs = _compiled.best_prefill_pairs if on else None
     prefill_grid = _compiled.prefill_grid if on else None
@@ -114,12 +118,13 @@ def use_compiled(on: bool) -> None:
     cache_unlock = _compiled.cache_unlock if on else None
     earliest_pair = _compiled.earliest_pair if on else None
     forecast_stale = _compiled.forecast_stale if on else None
+    ensemble_score = _compiled.ensemble_score if on else None
 
 
 use_compiled(os.environ.get("HEXAGENT_GYM_PURE_PYTHON", "") in ("", "0"))
 
 __all__ = ["AVAILABLE", "begin_rows", "best_prefill_pairs", "cache_insert", "cache_lock",
            "cache_unlock", "commit_prefill_picks", "decode_cells", "decode_limits", "decode_scan",
-           "earliest_pair", "forecast_stale", "match_levels", "observe_step",
+           "earliest_pair", "ensemble_score", "forecast_stale", "match_levels", "observe_step",
            "prefill_free_times", "prefill_grid", "risk_plan", "standalone_estimate",
            "use_compiled"]
