@@ -35,21 +35,20 @@ its family's error decides, then every application's; with fewer than this many 
 each, forecasts are used."""
 
 
-def forecast_stale_python(calls: Sequence[Any], stamp: dict[int, int], epoch: int,
-                          app_version: Mapping[str, int]) -> list[int]:
-    """The indices of ``calls`` whose workflow must be judged again, in order, their stamps set
-    (a workflow shown twice is listed once). A workflow's key is ``progress + 2**32 * (epoch +
-    app_version[app])`` with progress = 2 * calls done + calls open (a reveal or a finish
-    raises it by one); every part only grows, so a key differs from the stamp exactly when the
-    workflow progressed, the epoch moved or its application's judgement moved.
-    ``kernels.forecast_stale`` is its compiled twin."""
+def forecast_stale_python(calls: Sequence[Any], epoch: int) -> list[int]:
+    """The indices of ``calls`` whose workflow must be judged again, in order, their
+    ``forecast_stamp`` set (a workflow shown twice is listed once). A workflow's key is
+    ``progress + 2**32 * epoch`` with progress = 2 * calls done + calls open (a reveal or a
+    finish raises it by one); both parts only grow, so a key differs from the stamp exactly when
+    the workflow progressed, the epoch moved, or the tracker cleared the stamp (-1: its
+    application's judgement moved). ``kernels.forecast_stale`` is its compiled twin."""
     stale = []
+    high = epoch << 32
     for i, c in enumerate(calls):
         wf = c.workflow
-        key = (2 * wf.num_done + len(wf.open_calls)
-               + ((epoch + app_version.get(wf.spec.app_id, 0)) << 32))
-        if stamp.get(wf.uid) != key:
-            stamp[wf.uid] = key
+        key = 2 * wf.num_done + len(wf.open_calls) + high
+        if wf.forecast_stamp != key:
+            wf.forecast_stamp = key
             stale.append(i)
     return stale
 
@@ -89,6 +88,9 @@ class ForecastGate:
         differently: a record moved its trust, or moved its error across the margin of a
         forecast in use (:meth:`watch`); absent: 0. Forecasts not watched (none made since)
         are gated afresh when made."""
+        self.moved: set[str] = set()
+        """The application ids whose :attr:`app_version` grew since the owner last cleared
+        this set (:class:`HorizonTracker` judges their shown workflows again)."""
 
     def record(self, app_id: str, log_forecasts: Sequence[float], log_truth: float) -> None:
         """Score the forecasts made for a finished workflow against its true log H_w."""
@@ -110,22 +112,25 @@ class ForecastGate:
         readers, read = self._readers, self._read
         moved: set[str] = set()
         for key in touched:
-            apps = readers.pop(key, None)
+            apps = readers.get(key)
             if apps:
                 moved |= apps
-        if not moved:
-            return
-        for app in moved:
-            for key in read.pop(app):
-                if key not in touched:
-                    readers[key].discard(app)
-        judgement, versions = self.judgement, self.app_version
+        judgement, versions, limit = self.judgement, self.app_version, self.limit
         for app in sorted(moved) if len(moved) > 1 else moved:
-            was = judgement.pop(app)
-            now = self.judge(app)
+            was = judgement[app]
+            if read[app] == (app,):  # decided by its own errors, and still (counts only grow)
+                s = sums[app]
+                err = math.sqrt(s[0] / s[1])
+                now = judgement[app] = (err <= limit, err)  # what judge() answers, sooner
+            else:
+                for key in read.pop(app):
+                    readers[key].discard(app)
+                del judgement[app]
+                now = self.judge(app)
             if was != now and (was[0] != now[0] or (now[0] and self._crossed(app, was[1],
                                                                               now[1]))):
                 versions[app] = versions.get(app, 0) + 1
+                self.moved.add(app)
 
     def watch(self, app_id: str, old: float | None, new: float | None) -> None:
         """A forecast of ``app_id`` in use changed its :func:`log_ratio` from ``old`` to ``new``
@@ -249,12 +254,14 @@ class HorizonTracker:
         self.gate = ForecastGate(predictor.gate, predictor.warm_errors())
         self._seen_finished = 0
         self._tracked: dict[int, _Tracked] = {}
-        # Why a stamp: most shown workflows are unchanged since the decision before, and one
-        # dict lookup per shown call (forecast_stale) tells them apart; the epoch counts the
-        # predictor's versions (a new model forecasts every workflow again)
+        # Why a stamp: most shown workflows are unchanged since the decision before, and a
+        # comparison with the key kept on each shown workflow (forecast_stale) tells them
+        # apart; the epoch counts the predictor's versions (a new model forecasts every
+        # workflow again), and a moved judgement clears the stamps of its application's
+        # workflows (per application id: uid -> workflow, the tracked ones)
         self._model_version = predictor.version
         self._epoch = 0
-        self._stamp: dict[int, int] = {}
+        self._by_app: dict[str, dict[int, Workflow]] = {}
         self._score = predictor.row_scorer()
 
     def refresh(self, finished: Sequence[Workflow], calls: Sequence[Any]) -> None:
@@ -268,12 +275,16 @@ class HorizonTracker:
                 self._model_version = self.predictor.version
                 self._epoch += 1
                 self._score = self.predictor.row_scorer()
-        gate = self.gate
-        changed = (kernels.forecast_stale or forecast_stale_python)(
-            calls, self._stamp, self._epoch, gate.app_version)
+            moved = self.gate.moved
+            if moved:  # their workflows' forecasts are gated again when next shown
+                for app in moved:
+                    for wf in self._by_app.get(app, {}).values():
+                        wf.forecast_stamp = -1
+                moved.clear()
+        changed = (kernels.forecast_stale or forecast_stale_python)(calls, self._epoch)
         if not changed:  # most decisions: nothing shown has moved since it was last judged
             return
-        predictor, version = self.predictor, self._model_version
+        predictor, version, gate = self.predictor, self._model_version, self.gate
         # the loops below are :func:`workflow_features`, :func:`log_ratio`, :meth:`gate.watch
         # <ForecastGate.watch>` and :func:`gated` written out: they run once per forecast, about
         # once per simulated call, where each function call costs a share of the budget
@@ -284,8 +295,12 @@ class HorizonTracker:
             wf = calls[i].workflow
             t = tracked.get(wf.uid)
             if t is None:
-                t = tracked[wf.uid] = _Tracked(
-                    arrival_features(wf, predictor.app_code(wf.spec.app_id)))
+                app = wf.spec.app_id
+                t = tracked[wf.uid] = _Tracked(arrival_features(wf, predictor.app_code(app)))
+                by_app = self._by_app.get(app)
+                if by_app is None:
+                    by_app = self._by_app[app] = {}
+                by_app[wf.uid] = wf
             done = wf.num_done
             progress = 2 * done + len(wf.open_calls)
             if t.progress != progress:
@@ -336,9 +351,9 @@ class HorizonTracker:
         self.predictor.learn([(wf, [] if t is None else t.rows)
                               for wf, t in zip(new, gone, strict=True)])
         for wf, t in zip(new, gone, strict=True):
-            self._stamp.pop(wf.uid, None)
             if t is None:
                 continue
+            del self._by_app[wf.spec.app_id][wf.uid]
             self.gate.watch(wf.spec.app_id, t.ratio, None)
             if t.issued and wf.horizon > 0.0:
                 self.gate.record(wf.spec.app_id, t.issued, math.log(wf.horizon))

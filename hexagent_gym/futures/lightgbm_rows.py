@@ -29,24 +29,27 @@ from hexagent_gym.planning import kernels
 
 _RAW_SCORE = 1  # C_API_PREDICT_RAW_SCORE
 _FLOAT64 = 1  # C_API_DTYPE_FLOAT64
-_NODE = struct.Struct("<d6i")  # threshold; feature, left, right, flags, bitset offset, words
+_NODE = struct.Struct("<dhhBBH")  # threshold; left, right, feature, flags, unused
+_BITS = struct.Struct("<iihhBBH")  # a categorical node: bitset offset and words in its place
 
 
 def flatten_booster(booster: Any, num_features: int) -> bytes:
     """``booster``'s trees as the contiguous block ``kernels.ensemble_score`` reads.
 
     Layout (native little-endian): five int64 (trees, features, nodes, leaves, bitset words);
-    one int32 root per tree (padded to an even count; a node index, or ~leaf for a one-leaf
-    tree); per node, tree by tree, its threshold (float64) and six int32 (feature, left child,
-    right child, flags, bitset offset, bitset words; a child is a node index or ~leaf; flags are
-    LightGBM's decision type: 1 categorical, 2 missing values go left, missing type << 2); the
-    leaf values (float64); the categorical bitsets (uint32 words: bit c set, category c goes
-    left). Read from LightGBM's text model (``Booster.model_to_string``), which writes every
-    float with 17 significant digits, so each one reads back exactly; a few ms per model.
+    per tree two int32, its first node (-1: a tree of one leaf) and its first leaf; per node,
+    16 bytes: its threshold (float64; a categorical node: two int32, its bitset's first word and
+    word count), two int16 children (a node of the same tree counted from its first, or ~leaf
+    counted from its first leaf), the feature and the flags (uint8 each: LightGBM's decision
+    type, 1 categorical, 2 missing values go left, missing type << 2) and two unused bytes;
+    the leaf values (float64); the bitsets (uint32 words: bit c set, category c goes left).
+    Read from LightGBM's text model (``Booster.model_to_string``), which writes every float
+    with 17 significant digits, so each reads back exactly; a few ms per model.
 
     Raises:
         ValueError: a model ``ensemble_score`` cannot answer (several trees per iteration, an
-            averaged output, linear trees) or text it does not recognise.
+            averaged output, linear trees, over 256 features or 32,767 leaves a tree) or text
+            it does not recognise.
     """
     header: dict[str, str] = {}
     trees: list[dict[str, str]] = []
@@ -61,46 +64,40 @@ def flatten_booster(booster: Any, num_features: int) -> bytes:
                 (trees[-1] if trees else header)[key] = value
             elif line == "average_output":
                 raise ValueError("an averaged ensemble (random forest) does not flatten")
-    if header.get("num_tree_per_iteration", "1") != "1" or not trees:
-        raise ValueError("only single-output ensembles with trees flatten")
-    roots: list[int] = []
+    if header.get("num_tree_per_iteration", "1") != "1" or not trees or num_features > 256:
+        raise ValueError("only single-output ensembles of up to 256 features flatten")
+    firsts: list[int] = []
     nodes: list[bytes] = []
     leaves: list[float] = []
     words: list[int] = []
     for tree in trees:
         if tree.get("is_linear", "0") != "0":
             raise ValueError("linear trees do not flatten")
-        node_base, leaf_base, word_base = len(nodes), len(leaves), len(words)
+        if int(tree["num_leaves"]) > 32767:
+            raise ValueError("trees of over 32,767 leaves do not flatten")
+        firsts += [len(nodes) if int(tree["num_leaves"]) > 1 else -1, len(leaves)]
         leaves += [float(v) for v in tree["leaf_value"].split()]
         if int(tree["num_leaves"]) == 1:
-            roots.append(~leaf_base)
             continue
-        roots.append(node_base)
-        split = [tree[k].split() for k in ("threshold", "split_feature", "left_child",
-                                           "right_child", "decision_type")]
-        bounds = [int(v) for v in tree["cat_boundaries"].split()] if "cat_boundaries" in tree \
-            else []
+        bounds = ([int(v) for v in tree["cat_boundaries"].split()] if "cat_boundaries" in tree
+                  else [])
+        word_base = len(words)
         if bounds:
             words += [int(v) for v in tree["cat_threshold"].split()]
-
-        def child(c: int, node_base: int = node_base, leaf_base: int = leaf_base) -> int:
-            return node_base + c if c >= 0 else ~(leaf_base + ~c)
-
-        for threshold, feature, left, right, kind in zip(*split, strict=True):
+        split = [tree[k].split() for k in ("threshold", "left_child", "right_child",
+                                           "split_feature", "decision_type")]
+        for threshold, left, right, feature, kind in zip(*split, strict=True):
             flags = int(kind)
-            offset = count = 0
-            value = float(threshold)
             if flags & 1:  # categorical: the threshold is the index of its bitset
-                at = int(value)
-                offset, count = word_base + bounds[at], bounds[at + 1] - bounds[at]
-                value = 0.0
-            nodes.append(_NODE.pack(value, int(feature), child(int(left)), child(int(right)),
-                                    flags, offset, count))
-    if len(roots) % 2:
-        roots.append(0)
+                at = int(float(threshold))
+                nodes.append(_BITS.pack(word_base + bounds[at], bounds[at + 1] - bounds[at],
+                                        int(left), int(right), int(feature), flags, 0))
+            else:
+                nodes.append(_NODE.pack(float(threshold), int(left), int(right), int(feature),
+                                        flags, 0))
     return b"".join([
         struct.pack("<5q", len(trees), num_features, len(nodes), len(leaves), len(words)),
-        struct.pack(f"<{len(roots)}i", *roots), *nodes,
+        struct.pack(f"<{len(firsts)}i", *firsts), *nodes,
         struct.pack(f"<{len(leaves)}d", *leaves), struct.pack(f"<{len(words)}I", *words)])
 
 

@@ -934,11 +934,12 @@ done:
 enum { A_WORKFLOW, A_ARRIVAL, A_H_EST, A_TRANSFER_END, A_REVEAL_T, A_L_IN, A_L_OUT_PRED,
        A_EST_DURATION, A_NUM_DONE, A_SERVICE, A_OPEN_CALLS, A_CACHED, A_RUNNING, A_QUEUE,
        A_BATCH, A_WAITING, A_PF_EST, A_PF_COLD, A_KV_PRED, A_CTX_SHARE, A_UID, A_SPEC,
-       A_APP_ID, A_COUNT };
+       A_APP_ID, A_FORECAST_STAMP, A_COUNT };
 static const char *const attr_names[A_COUNT] = {
     "workflow", "arrival", "h_est", "transfer_end", "reveal_t", "l_in", "l_out_pred",
     "est_duration", "num_done", "service", "open_calls", "cached", "running", "queue", "batch",
-    "waiting", "pf_est", "pf_cold", "kv_pred", "ctx_share", "uid", "spec", "app_id"};
+    "waiting", "pf_est", "pf_cold", "kv_pred", "ctx_share", "uid", "spec", "app_id",
+    "forecast_stamp"};
 static PyObject *attr_str[A_COUNT];
 
 /* Where each name lives in the last type it was read from, when that type keeps it in a
@@ -2236,22 +2237,22 @@ static long long small_count(PyObject *v, const char *what) {
     return x;
 }
 
-/* forecast_stale(calls, stamp, epoch, app_version) -> [i, ...]
+/* forecast_stale(calls, epoch) -> [i, ...]
  * horizon_tracker.forecast_stale_python, compiled: for each call i (a Call of the core) with
- * wf = calls[i].workflow and key = 2 * wf.num_done + len(wf.open_calls)
- * + ((epoch + app_version.get(wf.spec.app_id, 0)) << 32), when stamp.get(wf.uid) != key:
- * stamp[wf.uid] = key and i is listed (in order). Counts must stay below 2^30 and progress below
- * 2^32 (an OverflowError otherwise); a stamp that is not such a key counts as a mismatch. */
+ * wf = calls[i].workflow and key = 2 * wf.num_done + len(wf.open_calls) + (epoch << 32), when
+ * wf.forecast_stamp != key: wf.forecast_stamp = key and i is listed (in order). The epoch must
+ * stay below 2^30 and progress below 2^32 (an OverflowError otherwise); a stamp that is not
+ * such a key counts as a mismatch. */
 static PyObject *forecast_stale(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (!arity(nargs, 4, "forecast_stale")) return NULL;
-    PyObject *calls = args[0], *stamp = args[1], *versions = args[3];
+    if (!arity(nargs, 2, "forecast_stale")) return NULL;
+    PyObject *calls = args[0];
     if (!is_seq(calls, "calls")) return NULL;
-    if (!PyDict_CheckExact(stamp) || !PyDict_CheckExact(versions)) {
-        PyErr_SetString(PyExc_TypeError, "stamp and app_version must be dicts");
+    long long epoch = small_count(args[1], "epoch");
+    if (epoch < 0) return NULL;
+    if (epoch >= (1LL << 30)) {
+        PyErr_SetString(PyExc_OverflowError, "forecast_stale: a stamp needs over 62 bits");
         return NULL;
     }
-    long long epoch = small_count(args[2], "epoch");
-    if (epoch < 0) return NULL;
     PyObject *out = PyList_New(0);
     if (out == NULL) return NULL;
     Py_ssize_t n = Py_SIZE(calls);
@@ -2264,30 +2265,20 @@ static PyObject *forecast_stale(PyObject *self, PyObject *const *args, Py_ssize_
             continue;
         }
         previous = wf;
-        PyObject *uid = attr(wf, A_UID), *done = NULL, *spec = NULL, *app = NULL;
-        double open = -1.0;
-        long long key = -1, nd, hi = epoch;
-        if (uid == NULL || (done = attr(wf, A_NUM_DONE)) == NULL) goto item_fail;
-        if ((nd = small_count(done, "num_done")) < 0) goto item_fail;
-        if ((open = attr_len(wf, A_OPEN_CALLS)) < 0.0) goto item_fail;
-        if ((spec = attr(wf, A_SPEC)) == NULL || (app = attr(spec, A_APP_ID)) == NULL)
+        PyObject *done = NULL, *old = NULL;
+        long long nd;
+        double open;
+        if ((done = attr(wf, A_NUM_DONE)) == NULL || (nd = small_count(done, "num_done")) < 0)
             goto item_fail;
-        PyObject *v = PyDict_GetItemWithError(versions, app); /* borrowed */
-        if (v == NULL && PyErr_Occurred()) goto item_fail;
-        if (v != NULL) {
-            long long av = small_count(v, "app_version");
-            if (av < 0) goto item_fail;
-            hi += av;
-        }
-        if (hi >= (1LL << 30) || 2 * nd + (long long)open >= (1LL << 32)) {
+        if ((open = attr_len(wf, A_OPEN_CALLS)) < 0.0) goto item_fail;
+        if (2 * nd + (long long)open >= (1LL << 32)) {
             PyErr_SetString(PyExc_OverflowError, "forecast_stale: a stamp needs over 62 bits");
             goto item_fail;
         }
-        key = 2 * nd + (long long)open + (hi << 32);
-        PyObject *old = PyDict_GetItemWithError(stamp, uid); /* borrowed */
-        if (old == NULL && PyErr_Occurred()) goto item_fail;
+        long long key = 2 * nd + (long long)open + (epoch << 32);
+        if ((old = attr(wf, A_FORECAST_STAMP)) == NULL) goto item_fail;
         int same = 0;
-        if (old != NULL && PyLong_CheckExact(old)) {
+        if (PyLong_CheckExact(old)) {
             int overflow = 0;
             long long was = PyLong_AsLongLongAndOverflow(old, &overflow);
             if (was == -1 && PyErr_Occurred()) goto item_fail;
@@ -2296,24 +2287,20 @@ static PyObject *forecast_stale(PyObject *self, PyObject *const *args, Py_ssize_
         if (!same) {
             PyObject *k = PyLong_FromLongLong(key);
             PyObject *idx = k == NULL ? NULL : PyLong_FromSsize_t(i);
-            int rc = idx == NULL ? -1 : PyDict_SetItem(stamp, uid, k);
+            int rc = idx == NULL ? -1 : PyObject_SetAttr(wf, attr_str[A_FORECAST_STAMP], k);
             if (rc == 0) rc = PyList_Append(out, idx);
             Py_XDECREF(k);
             Py_XDECREF(idx);
             if (rc < 0) goto item_fail;
         }
         Py_DECREF(wf);
-        Py_DECREF(uid);
         Py_DECREF(done);
-        Py_DECREF(spec);
-        Py_DECREF(app);
+        Py_DECREF(old);
         continue;
     item_fail:
         Py_DECREF(wf);
-        Py_XDECREF(uid);
         Py_XDECREF(done);
-        Py_XDECREF(spec);
-        Py_XDECREF(app);
+        Py_XDECREF(old);
         goto fail;
     }
     return out;
@@ -2323,93 +2310,155 @@ fail:
 }
 
 /* The flattened tree ensemble of lightgbm_rows.flatten_booster: a header of five int64
- * (trees, features, nodes, leaves, bitset words), then per tree its root (int32: a node, or
- * ~leaf for a one-leaf tree), the nodes (ens_node, 32 bytes each), the leaf values (double)
- * and the categorical bitsets (uint32 words). A child is a node index >= 0 or ~leaf. */
+ * (trees, features, nodes, leaves, bitset words), then per tree the int32 pair (its first
+ * node, its first leaf), the nodes (ens_node, 16 bytes each, each tree's together), the leaf
+ * values (double) and the categorical bitsets (uint32 words). A child is a node of the same
+ * tree (>= 0, from its first node) or ~leaf (from its first leaf); a tree of one leaf has no
+ * node: its first node is -1. Small nodes, so that a walk through every tree touches few cache
+ * lines inside a running simulation. */
 typedef struct {
-    double threshold;
-    int32_t feature, left, right, flags, cat_off, cat_len;
+    union {
+        double threshold; /* numerical */
+        struct { int32_t offset, words; } bits; /* categorical: its bitset */
+    } split;
+    int16_t left, right;
+    uint8_t feature, flags; /* LightGBM's decision type: 1 categorical, 2 default left, missing << 2 */
+    uint16_t unused;
 } ens_node;
 
-#define ENS_ZERO ((double)1e-35f) /* LightGBM's kZeroThreshold (a float): inputs this close to 0 read as 0 */
+/* LightGBM's kZeroThreshold (a float): inputs this close to 0 read as 0 */
+#define ENS_ZERO ((double)1e-35f)
+
+/* The layout of a flattened ensemble, once its blob has been checked (ens_check). */
+typedef struct {
+    int64_t trees, features, nodes, leaves, words;
+    const int32_t *firsts;
+    const ens_node *node;
+    const double *leaf;
+    const uint32_t *word;
+} ens_layout;
+
+/* Check a blob whole, once: its sizes add up, and every tree's nodes lead only to nodes of the
+ * same tree with higher indices (as LightGBM numbers them: a walk always ends) or to its own
+ * leaves, read existing features, and keep their bitsets inside the words. 0 if it is sound. */
+static int ens_check(const char *base, Py_ssize_t size, ens_layout *out) {
+    int64_t head[5];
+    if (size < (Py_ssize_t)sizeof head) return -1;
+    memcpy(head, base, sizeof head);
+    int64_t T = head[0], F = head[1], N = head[2], L = head[3], W = head[4];
+    if (T < 1 || F < 0 || F > 256 || N < 0 || L < 1 || W < 0 || T > (1 << 24)
+            || N > (1 << 26) || L > (1 << 26) || W > (1 << 26))
+        return -1;
+    Py_ssize_t nodes_at = sizeof head + 8 * T;
+    Py_ssize_t leaves_at = nodes_at + (Py_ssize_t)sizeof(ens_node) * N;
+    Py_ssize_t words_at = leaves_at + 8 * L;
+    if (size != words_at + 4 * W) return -1;
+    *out = (ens_layout){T, F, N, L, W, (const int32_t *)(base + sizeof head),
+                        (const ens_node *)(base + nodes_at), (const double *)(base + leaves_at),
+                        (const uint32_t *)(base + words_at)};
+    int64_t end = N, leaf_end = L; /* where the nodes and leaves of tree t end: from the last */
+    for (int64_t t = T - 1; t >= 0; t--) {
+        int64_t first = out->firsts[2 * t], leaf0 = out->firsts[2 * t + 1];
+        if (leaf0 < 0 || leaf0 >= leaf_end) return -1;
+        if (first >= 0) {
+            if (first >= end) return -1;
+            for (int64_t k = first; k < end; k++) {
+                const ens_node *nd = &out->node[k];
+                if (nd->feature >= F) return -1;
+                int32_t kids[2] = {nd->left, nd->right};
+                for (int c = 0; c < 2; c++)
+                    if (kids[c] >= 0 ? (kids[c] <= k - first || first + kids[c] >= end)
+                                     : leaf0 + ~(int64_t)kids[c] >= leaf_end)
+                        return -1;
+                if ((nd->flags & 1) && (nd->split.bits.offset < 0 || nd->split.bits.words < 0
+                                        || nd->split.bits.offset + (int64_t)nd->split.bits.words
+                                               > W))
+                    return -1;
+            }
+            end = first;
+        }
+        leaf_end = leaf0;
+    }
+    return 0;
+}
+
+/* Whether node nd sends value v left, where a plain comparison does not decide: categorical
+ * nodes, missing type Zero, and every node in a row that holds a NaN (ensemble_score's
+ * rules). */
+static int ens_slow_side(const ens_layout *e, const ens_node *nd, double v) {
+    if (nd->flags & 1) {
+        if (isnan(v) || v <= -1.0 || v >= 2147483648.0) return 0;
+        int32_t cat = (int32_t)v, word = cat / 32;
+        return word < nd->split.bits.words
+               && ((e->word[nd->split.bits.offset + word] >> (cat % 32)) & 1u);
+    }
+    int missing = (nd->flags >> 2) & 3;
+    if (isnan(v) && missing != 2) v = 0.0;
+    if ((missing == 1 && fabs(v) <= ENS_ZERO) || (missing == 2 && isnan(v)))
+        return (nd->flags & 2) != 0;
+    return v <= nd->split.threshold;
+}
+
+static PyObject *ens_checked = NULL; /* the last blob ens_check passed (a strong reference) */
+static ens_layout ens_checked_layout;
 
 /* ensemble_score(blob, row) -> float
  * The raw score (sum of each tree's leaf value, tree by tree from 0.0) of the flattened
  * ensemble blob for row (a list or tuple of floats, one per feature), with LightGBM's
- * prediction rules: an input within 1e-35f (as a float) of 0 reads as 0; a numerical node (flags bit 0
- * clear) with missing type (flags >> 2 & 3) Zero sends 0 and NaN-as-0, and with missing type
- * NaN sends NaN, to its default side (flags bit 1: left), anything else left when value <=
- * threshold; a categorical node sends NaN, values <= -1 and values >= 2^31 right, else the
- * category (int)value left when its bit is set in the node's bitset. */
+ * prediction rules: an input within 1e-35f (as a float) of 0 reads as 0; a numerical node
+ * with missing type (flags >> 2 & 3) Zero sends 0 and NaN-as-0, and with missing type NaN
+ * sends NaN, to its default side (flags bit 1: left), anything else left when value <=
+ * threshold; a categorical node (flags bit 0) sends NaN, values <= -1 and values >= 2^31
+ * right, else the category (int)value left when its bit is set in the node's bitset. A blob
+ * is checked whole when it differs from the last one scored (ens_check). */
 static PyObject *ensemble_score(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (!arity(nargs, 2, "ensemble_score")) return NULL;
     PyObject *blob = args[0], *row = args[1];
-    if (!PyBytes_CheckExact(blob) || !is_seq(row, "row")) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "blob must be bytes");
+    if (!PyBytes_CheckExact(blob)) {
+        PyErr_SetString(PyExc_TypeError, "blob must be bytes");
         return NULL;
     }
-    const char *base = PyBytes_AS_STRING(blob);
-    Py_ssize_t size = PyBytes_GET_SIZE(blob);
-    int64_t head[5];
-    if (size < (Py_ssize_t)sizeof head) goto bad;
-    memcpy(head, base, sizeof head);
-    int64_t T = head[0], F = head[1], N = head[2], L = head[3], W = head[4];
-    if (T < 0 || F < 0 || F > 256 || N < 0 || L < 1 || W < 0 || T > (1 << 24)
-            || N > (1 << 26) || L > (1 << 26) || W > (1 << 26))
-        goto bad;
-    Py_ssize_t roots_at = sizeof head, nodes_at = roots_at + 4 * ((T + 1) / 2 * 2);
-    Py_ssize_t leaves_at = nodes_at + (Py_ssize_t)sizeof(ens_node) * N;
-    Py_ssize_t words_at = leaves_at + 8 * L;
-    if (size != words_at + 4 * W) goto bad;
-    if (Py_SIZE(row) != F) {
+    if (!is_seq(row, "row")) return NULL;
+    if (blob != ens_checked) {
+        ens_layout layout;
+        if (ens_check(PyBytes_AS_STRING(blob), PyBytes_GET_SIZE(blob), &layout) < 0) {
+            PyErr_SetString(PyExc_ValueError, "ensemble_score: blob is not a flattened ensemble "
+                            "(lightgbm_rows.flatten_booster)");
+            return NULL;
+        }
+        Py_INCREF(blob);
+        Py_XSETREF(ens_checked, blob);
+        ens_checked_layout = layout;
+    }
+    const ens_layout *e = &ens_checked_layout;
+    if (Py_SIZE(row) != e->features) {
         PyErr_Format(PyExc_ValueError, "ensemble_score: the row has %zd values, the model %lld "
-                     "features", Py_SIZE(row), (long long)F);
+                     "features", Py_SIZE(row), (long long)e->features);
         return NULL;
     }
     double x[256];
-    for (Py_ssize_t j = 0; j < F; j++) {
+    int any_nan = 0;
+    for (Py_ssize_t j = 0; j < e->features; j++) {
         double v = PyFloat_AsDouble(at(row, j));
         if (v == -1.0 && PyErr_Occurred()) return NULL;
         x[j] = fabs(v) <= ENS_ZERO ? 0.0 : v;
+        any_nan |= isnan(v);
     }
-    const int32_t *roots = (const int32_t *)(base + roots_at);
-    const ens_node *nodes = (const ens_node *)(base + nodes_at);
-    const double *leaves = (const double *)(base + leaves_at);
-    const uint32_t *words = (const uint32_t *)(base + words_at);
     double score = 0.0;
-    for (int64_t t = 0; t < T; t++) {
-        int32_t at_node = roots[t];
-        for (int64_t steps = 0; at_node >= 0; steps++) {
-            if (at_node >= N || steps >= N) goto bad;
-            const ens_node *nd = &nodes[at_node];
-            if (nd->feature < 0 || nd->feature >= F) goto bad;
+    for (int64_t t = 0; t < e->trees; t++) {
+        int32_t first = e->firsts[2 * t], at_node = first < 0 ? -1 : 0;
+        const ens_node *tree = first < 0 ? e->node : e->node + first;
+        while (at_node >= 0) {
+            const ens_node *nd = &tree[at_node];
             double v = x[nd->feature];
-            int32_t missing = (nd->flags >> 2) & 3, go_left;
-            if (nd->flags & 1) { /* categorical */
-                go_left = 0;
-                if (!isnan(v) && v > -1.0 && v < 2147483648.0) {
-                    int32_t cat = (int32_t)v, word = cat / 32;
-                    if (nd->cat_off < 0 || nd->cat_len < 0 || nd->cat_off + nd->cat_len > W)
-                        goto bad;
-                    go_left = word < nd->cat_len && ((words[nd->cat_off + word] >> (cat % 32)) & 1u);
-                }
-            } else {
-                if (isnan(v) && missing != 2) v = 0.0;
-                if ((missing == 1 && fabs(v) <= ENS_ZERO) || (missing == 2 && isnan(v)))
-                    go_left = (nd->flags & 2) != 0;
-                else
-                    go_left = v <= nd->threshold;
-            }
+            int kind = nd->flags & 13; /* categorical bit and missing type */
+            int go_left = !any_nan && (kind == 0 || kind == 8) ? v <= nd->split.threshold
+                                                               : ens_slow_side(e, nd, v);
             at_node = go_left ? nd->left : nd->right;
         }
-        if (~at_node >= L) goto bad;
-        score += leaves[~at_node];
+        score += e->leaf[e->firsts[2 * t + 1] + ~at_node];
     }
     return PyFloat_FromDouble(score);
-bad:
-    PyErr_SetString(PyExc_ValueError, "ensemble_score: blob is not a flattened ensemble "
-                    "(lightgbm_rows.flatten_booster)");
-    return NULL;
 }
 
 static PyMethodDef methods[] = {
@@ -2458,7 +2507,7 @@ static PyMethodDef methods[] = {
     {"prefill_free_times", (PyCFunction)(void (*)(void))prefill_free_times, METH_FASTCALL,
      "prefill_free_times(run_end, now, queued) -> [float]: entities.prefill_free_times."},
     {"forecast_stale", (PyCFunction)(void (*)(void))forecast_stale, METH_FASTCALL,
-     "forecast_stale(calls, stamp, epoch, app_version) -> [i, ...]: "
+     "forecast_stale(calls, epoch) -> [i, ...]: "
      "horizon_tracker.forecast_stale_python."},
     {"ensemble_score", (PyCFunction)(void (*)(void))ensemble_score, METH_FASTCALL,
      "ensemble_score(blob, row) -> float: the raw score of a flattened LightGBM ensemble "

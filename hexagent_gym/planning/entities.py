@@ -161,7 +161,7 @@ class Workflow:
     __slots__ = (
         "uid", "spec", "arrival", "calls", "num_done", "finish_t", "horizon", "h_est",
         "h_est_done", "open_calls", "service", "trace_index", "last_prefill", "last_decode",
-        "h_pred",
+        "h_pred", "forecast_stamp",
     )
 
     def __init__(self, uid: int, spec: WorkflowSpec, arrival: float, trace_index: int) -> None:
@@ -176,6 +176,9 @@ class Workflow:
         self.h_est = 0.0  # scheduler's running horizon H_w(t) of the revealed subgraph
         self.h_est_done = 0.0  # part of h_est fixed by finished calls
         self.h_pred = 0.0  # forecast Ĥ_w of the final horizon (horizon_predictors; 0: none)
+        # the horizon tracker's key of its latest judgement of h_pred (-1: none yet); kept here
+        # so that its change test, at every decision, reads the workflow and nothing else
+        self.forecast_stamp = -1
         self.open_calls: list[Call] = []  # revealed, not finished (for h_est refresh)
         self.service = 0.0  # ATLAS program-level attained service
         self.last_prefill = -1  # prefill instance of its latest started prefill (locality)

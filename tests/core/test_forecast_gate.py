@@ -135,9 +135,11 @@ def test_a_record_moves_an_applications_version_only_where_a_gated_answer_change
     assert gate.app_version.get("a", 0) == 0
     assert gate.judgement["a"][1] == pytest.approx(math.sqrt(8.2 / 40))
     gate.record("b", [0.0] * MIN_ROWS, 0.1)  # another application's own record: a unread
-    assert gate.app_version.get("a", 0) == 0
+    assert gate.app_version.get("a", 0) == 0 and not gate.moved
     gate.record("a", [0.0] * MIN_ROWS, 0.7)  # sqrt(18 / 60) = 0.548: the 0.5 margin flips
     assert gate.app_version["a"] == 1 and gate.use("a", math.exp(0.5), 1.0) == 0.0
+    assert gate.moved == {"a"}  # for the tracker to clear (it empties the set)
+    gate.moved.clear()
     gate.watch("a", 0.5, None)  # that forecast is gone: only the trust matters now
     gate.record("a", [0.0] * MIN_ROWS, 0.6)  # sqrt(25.2 / 80) = 0.561: nothing to flip
     assert gate.app_version["a"] == 1
@@ -151,5 +153,5 @@ def test_an_application_judged_by_its_family_moves_with_the_family():
     gate.record("f/y", [0.0] * 2, 0.3)  # too few of its own: the family decides for f/y
     assert gate.trusted("f/y") and gate.trusted("f/x")
     gate.record("f/x", [0.0] * 4 * MIN_ROWS, 1.0)  # the family's error goes over the limit
-    assert gate.app_version == {"f/x": 1, "f/y": 1}
+    assert gate.app_version == {"f/x": 1, "f/y": 1} and gate.moved == {"f/x", "f/y"}
     assert not gate.trusted("f/x") and not gate.trusted("f/y")

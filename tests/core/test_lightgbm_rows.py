@@ -135,7 +135,7 @@ def test_a_block_that_disagrees_is_not_used(monkeypatch):
     good = flatten_booster(booster, 4)
     # a block whose leaf values are all off by one: the check on the given rows refuses it
     _, _, nodes, leaves, _ = struct.unpack_from("<5q", good)
-    at = 40 + 4 * (booster.num_trees() + booster.num_trees() % 2) + 32 * nodes
+    at = 40 + 8 * booster.num_trees() + 16 * nodes
     values = struct.unpack_from(f"<{leaves}d", good, at)
     bad = (good[:at] + struct.pack(f"<{leaves}d", *[v + 1.0 for v in values])
            + good[at + 8 * leaves:])
@@ -152,7 +152,31 @@ def test_ensemble_score_refuses_bad_input():
         kernels.ensemble_score(blob, [1.0, 2.0, 3.0])
     with pytest.raises(ValueError, match="not a flattened ensemble"):
         kernels.ensemble_score(blob[:-8], [1.0, 2.0, 3.0, 4.0])
+    # a node whose child is itself (a walk that would never end), a feature past the row's, a
+    # leaf past the tree's: each refused when the block is checked, before any walk
+    trees = struct.unpack_from("<5q", blob)[0]
+    node0 = 40 + 8 * trees
+    for offset, fmt, value in ((8, "<h", 0), (12, "<B", 9), (8, "<h", -100)):
+        bad = bytearray(blob)
+        struct.pack_into(fmt, bad, node0 + offset, value)
+        with pytest.raises(ValueError, match="not a flattened ensemble"):
+            kernels.ensemble_score(bytes(bad), [1.0, 2.0, 3.0, 4.0])
+    assert kernels.ensemble_score(blob, [1.0, 2.0, 3.0, 4.0]) == \
+        _booster().predict(np.asarray([[1.0, 2.0, 3.0, 4.0]]), raw_score=True)[0]
     with pytest.raises(TypeError):
         kernels.ensemble_score(bytearray(blob), [1.0, 2.0, 3.0, 4.0])
     with pytest.raises(TypeError):
         kernels.ensemble_score(blob, [1.0, 2.0, "x", 4.0])
+
+
+def test_linear_trees_are_answered_by_lightgbm_itself():
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(300, 3))
+    y = x[:, 0] * 3.0 + x[:, 1]
+    params = {"objective": "regression", "linear_tree": True, "verbose": -1, "num_threads": 1}
+    booster = lightgbm.train(params, lightgbm.Dataset(x, y, params={"verbose": -1}), 5)
+    with pytest.raises(ValueError, match="linear trees"):
+        flatten_booster(booster, 3)
+    fast = RowPredictor(booster, 3, x.tolist())
+    assert fast.predict(x[:20].tolist()) == booster.predict(x[:20], raw_score=True).tolist()
+    assert fast.scorer() is None
