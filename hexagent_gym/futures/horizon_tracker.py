@@ -117,11 +117,16 @@ class ForecastGate:
                 moved |= apps
         judgement, versions, limit = self.judgement, self.app_version, self.limit
         for app in sorted(moved) if len(moved) > 1 else moved:
-            was = judgement[app]
-            if read[app] == (app,):  # decided by its own errors, and still (counts only grow)
+            # what judge() answers, sooner where the same scopes still decide (nothing to
+            # register again); an application decided by its own errors stays so
+            was, scopes_read = judgement[app], read[app]
+            if scopes_read == (app,):
                 s = sums[app]
                 err = math.sqrt(s[0] / s[1])
-                now = judgement[app] = (err <= limit, err)  # what judge() answers, sooner
+                now = judgement[app] = (err <= limit, err)
+            elif (found := self._deciding(app))[1] == scopes_read:
+                err = found[0]
+                now = judgement[app] = (err is None or err <= limit, err)
             else:
                 for key in read.pop(app):
                     readers[key].discard(app)
@@ -289,8 +294,10 @@ class HorizonTracker:
         # <ForecastGate.watch>` and :func:`gated` written out: they run once per forecast, about
         # once per simulated call, where each function call costs a share of the budget
         tracked, judgement = self._tracked, gate.judgement
-        stale: list[tuple[Workflow, list[float]]] = []
-        kept: list[_Tracked] = []
+        score, exp = self._score, math.exp  # score: HorizonPredictor.row_scorer, or None
+        made: list[tuple[Workflow, _Tracked, float]] = []  # forecasts, scored as rows are made
+        stale: list[tuple[Workflow, list[float]]] = []  # else asked of predict() together
+        kept: list[tuple[Workflow, _Tracked]] = []
         for i in changed:
             wf = calls[i].workflow
             t = tracked.get(wf.uid)
@@ -313,17 +320,15 @@ class HorizonTracker:
                 wf.h_pred = gated(judgement.get(app) or gate.judge(app), t.h, t.ratio)
                 continue
             t.version = version
-            stale.append((wf, t.row))
-            kept.append(t)
-        if not stale:
-            return
-        log, ratios, score = math.log, gate._ratios, self._score
-        if score is not None:  # HorizonPredictor.row_scorer: the same forecasts, fewer steps
-            exp = math.exp
-            forecasts = [exp(score(row)) for _, row in stale]
-        else:
-            forecasts = predictor.predict(stale)
-        for (wf, _), t, h in zip(stale, kept, forecasts, strict=True):
+            if score is not None:
+                made.append((wf, t, exp(score(t.row))))
+            else:
+                stale.append((wf, t.row))
+                kept.append((wf, t))
+        if stale:
+            made = [(wf, t, h) for (wf, t), h in zip(kept, predictor.predict(stale), strict=True)]
+        log, ratios = math.log, gate._ratios
+        for wf, t, h in made:
             h_est = wf.h_est
             if h > 0.0:
                 t.issued.append(log(h))
