@@ -7,8 +7,8 @@ Usage:
                                                    #   exit 1 if HexAgent's Req99 regressed
     python scripts/bench.py --ci --update-baseline # rewrite .ci/baseline.json
     python scripts/bench.py --only-overload        # just the overload table (docs/overload.md)
-    python scripts/bench.py --only-horizon --horizon-workflows 400,2000
-                                                   # just the forecast's cost (docs/horizons.md)
+    python scripts/bench.py --only-horizon         # just the forecast's cost (docs/horizons.md)
+    python scripts/bench.py --only-horizon --horizon-workflows 2000 --horizon-repeat 3
 Performance figures are printed, never asserted (CI machines are noisy).
 """
 
@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="print only the overload table")
     parser.add_argument("--only-horizon", action="store_true",
                         help="print only the horizon-forecast overhead")
+    parser.add_argument("--horizon-repeat", type=int, default=16,
+                        help="best of N rollouts each way for the horizon-forecast share: it is "
+                             "a 20-30 ms difference between two 0.3 s rollouts, within this "
+                             "machine's noise at N=3 (~10 s at 400 workflows)")
     parser.add_argument("--horizon-workflows", default=None,
                         help="comma-separated episode lengths of the horizon-forecast overhead "
                         "(default: --num-workflows)")
@@ -218,7 +222,7 @@ def print_horizon(args: argparse.Namespace) -> None:
              else [args.num_workflows])
     for n in sizes:
         hz = bench_horizon("learned", args.cluster, args.trace, n, seed=args.seed,
-                           repeat=args.repeat)
+                           repeat=args.horizon_repeat)
         print(f"horizon forecasts ({hz.predictor}, warm-started) in a hexagent rollout on "
               f"{args.cluster} / {args.trace}, {n} workflows at 40/s "
               f"({hz.num_calls} calls): {hz.seconds_without:.2f} s without, "
