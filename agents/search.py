@@ -28,8 +28,12 @@ Two variants (``docs/learned.md`` reports both next to HexAgent):
 ``horizon="arrived"`` (the default) ends a rollout when every workflow that had arrived at the
 fork has finished and scores those; ``horizon="episode"`` runs the oracle to the end of the
 episode and scores every workflow. Decisions with more than ``one_pass_threshold`` waiting calls
-keep HexAgent's one-pass rule. Cost: k forks and rollouts per pick (seconds per pick on
-hundreds of workflows); this is a bound and a teacher, not a production scheduler.
+keep HexAgent's one-pass rule, and so do decisions taken while more than ``max_backlog``
+arrived workflows are unfinished (64 by default; None: no bound): a rollout runs every arrived
+workflow to its end, so a pick costs k rollouts of the whole backlog, which under overload grows
+without bound (docs/overload.md). The 50-workflow episodes of docs/learned.md never reach the
+default bound. Cost: k forks and rollouts per pick (seconds per pick on hundreds of workflows);
+this is a bound and a teacher, not a production scheduler.
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ from hexagent_gym.sim.fork import fork, known_only, pending_decision, revealed_o
 from hexagent_gym.sim.metrics import req, slo_ratio
 
 HORIZONS = ("arrived", "episode")
+MAX_BACKLOG = 64
+"""The default bound on arrived, unfinished workflows above which the search keeps HexAgent's
+pick (its rollouts would cost the whole backlog; docs/overload.md)."""
 KNOWLEDGE = ("template", "revealed")
 
 
@@ -60,16 +67,25 @@ class HexAgentSearch(HexAgentPolicy):
         knowledge: what an implementable fork holds of the arrived workflows: ``"template"``
             (their remaining calls, unfolded as they truly are) or ``"revealed"`` (the calls
             revealed so far only). Ignored by the oracle, which holds the true future.
+        max_backlog: search only while at most this many arrived workflows are unfinished
+            (an integer >= 1; None: always), else keep HexAgent's pick, so that a pick's cost
+            stays bounded under overload. With ``horizon="episode"`` a rollout runs the whole
+            remaining episode whatever the backlog, so its cost is not bounded by it.
     """
 
     name = "hexagent-search"
     pause_gc = False  # every search drops forks of the simulator, whose objects form cycles
 
     def __init__(self, k: int = 4, oracle: bool = False, horizon: str = "arrived",
-                 one_pass_threshold: int = 32, knowledge: str = "template") -> None:
+                 one_pass_threshold: int = 32, knowledge: str = "template",
+                 max_backlog: int | None = MAX_BACKLOG) -> None:
         super().__init__(one_pass_threshold)
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be an integer >= 1, got {k!r}")
+        if max_backlog is not None and (isinstance(max_backlog, bool)
+                                        or not isinstance(max_backlog, int) or max_backlog < 1):
+            raise ValueError(f"max_backlog must be an integer >= 1 or None (no bound), got "
+                             f"{max_backlog!r}")
         if horizon not in HORIZONS:
             raise ValueError(f"horizon must be one of {', '.join(HORIZONS)}, got {horizon!r}")
         if horizon == "episode" and not oracle:
@@ -80,6 +96,7 @@ class HexAgentSearch(HexAgentPolicy):
             raise ValueError(f"knowledge must be one of {', '.join(KNOWLEDGE)}, got "
                              f"{knowledge!r}")
         self.k = k
+        self.max_backlog = max_backlog
         self.oracle = bool(oracle)
         self.knowledge = knowledge
         self.horizon = horizon
@@ -90,6 +107,7 @@ class HexAgentSearch(HexAgentPolicy):
         self._sim = None
         self._shared: dict | None = None
         self.rollouts = 0  # rollouts run this episode (cost accounting)
+        self.over_backlog = 0  # picks left to HexAgent because the backlog was over the bound
         self.changed = 0  # picks where a candidate other than HexAgent's won
         # one row per changed pick: (kind, window size, Req99 gain, mean-ratio gain) of the
         # winner over HexAgent's candidate; kind "pair" (HexAgent's call, another pair) or
@@ -100,12 +118,17 @@ class HexAgentSearch(HexAgentPolicy):
         super().reset(sim)
         self._sim = sim
         self._shared = shared_objects(sim)
-        self.rollouts = self.changed = 0
+        self.rollouts = self.changed = self.over_backlog = 0
         self.deviations = []
 
     def pick(self, dp: DecisionPoint) -> tuple[int, int, int]:
         own = super().pick(dp)
-        if self.k == 1 or len(dp.calls) > self.one_pass_threshold or self._sim is None:
+        sim = self._sim
+        if self.k == 1 or len(dp.calls) > self.one_pass_threshold or sim is None:
+            return own
+        if (self.max_backlog is not None
+                and len(sim.workflows) - len(sim.finished) > self.max_backlog):
+            self.over_backlog += 1
             return own
         cands = self.candidates(dp, own)
         if len(cands) == 1:
@@ -174,22 +197,27 @@ class HexAgentSearch(HexAgentPolicy):
 
     def __repr__(self) -> str:
         return (f"HexAgentSearch(k={self.k}, oracle={self.oracle}, horizon={self.horizon!r}, "
-                f"one_pass_threshold={self.one_pass_threshold}, knowledge={self.knowledge!r})")
+                f"one_pass_threshold={self.one_pass_threshold}, knowledge={self.knowledge!r}, "
+                f"max_backlog={self.max_backlog})")
 
 
 class HexAgentSearchOracle(HexAgentSearch):
     """``hexagent-search-oracle``: :class:`HexAgentSearch` rolling out the true future."""
 
-    def __init__(self, k: int = 4, horizon: str = "arrived", one_pass_threshold: int = 32) -> None:
-        super().__init__(k, oracle=True, horizon=horizon, one_pass_threshold=one_pass_threshold)
+    def __init__(self, k: int = 4, horizon: str = "arrived", one_pass_threshold: int = 32,
+                 max_backlog: int | None = MAX_BACKLOG) -> None:
+        super().__init__(k, oracle=True, horizon=horizon, one_pass_threshold=one_pass_threshold,
+                         max_backlog=max_backlog)
 
 
 class HexAgentSearchRevealed(HexAgentSearch):
     """``hexagent-search-revealed``: :class:`HexAgentSearch` whose forks hold only the revealed
     calls (no workflow template: what HexAgent and the env's observation know)."""
 
-    def __init__(self, k: int = 4, one_pass_threshold: int = 32) -> None:
-        super().__init__(k, one_pass_threshold=one_pass_threshold, knowledge="revealed")
+    def __init__(self, k: int = 4, one_pass_threshold: int = 32,
+                 max_backlog: int | None = MAX_BACKLOG) -> None:
+        super().__init__(k, one_pass_threshold=one_pass_threshold, knowledge="revealed",
+                         max_backlog=max_backlog)
 
 
 class _Finished:

@@ -38,7 +38,6 @@ from hexagent_gym.experiments.overload_bench import (
     bench_overload,
     flat_ratio,
     over_goal,
-    overload_policies,
 )
 from hexagent_gym.policy import policy_names
 
@@ -83,8 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: --num-workflows)")
     parser.add_argument("--overload-policies", default=None,
                         help="comma-separated policies of the overload table (default: every "
-                        "registered one but the search policies, which fork the simulator per "
-                        "pick; with --ci fcfs,hexagent)")
+                        "registered one; with --ci fcfs,hexagent)")
     parser.add_argument("--overload-sizes", default=None,
                         help="comma-separated episode lengths of the overload table (default "
                         "500,2000,5000; with --ci 500,2000)")
@@ -235,13 +233,12 @@ def print_overload(args: argparse.Namespace) -> None:
     """The overload table: wall time per simulated call as the queue grows, each policy's
     ratio longest / shortest episode and the policies over the goal (docs/overload.md)."""
     small = args.ci and not args.only_overload
-    excluded: list[str] = []
     if args.overload_policies:
         policies = args.overload_policies.split(",")
     elif small:
         policies = ["fcfs", "hexagent"]
     else:
-        policies, excluded = overload_policies(policy_names())
+        policies = policy_names()
     sizes = ([int(x) for x in args.overload_sizes.split(",")] if args.overload_sizes
              else [500, 2000] if small else list(OVERLOAD_SIZES))
     depth = args.plan_depth or None
@@ -261,10 +258,6 @@ def print_overload(args: argparse.Namespace) -> None:
                           for p in policies))
         print("  over the goal: " + (", ".join(f"{p} ({x:.2f}x)" for p, x in over.items())
                                      if over else "none"))
-    if excluded:
-        print(f"  excluded by design: {', '.join(excluded)} (each pick forks the simulator and "
-              "rolls the fork out, so its cost grows with the episode; --overload-policies "
-              "runs them)")
 
 
 if __name__ == "__main__":

@@ -25,16 +25,6 @@ OVERLOAD_DEPTH = 32
 FLAT_GOAL = 1.5
 """The goal on :func:`flat_ratio`: wall time per call on the longest episode at most this
 many times the shortest's (issue 41)."""
-EXCLUDED_PREFIXES = ("hexagent-search",)
-"""Policies the default table leaves out by design: the search policies fork the simulator and
-roll the fork out at every pick, so their cost per pick grows with the episode (they are a
-bound and a teacher, not a scheduler to run on long overloaded episodes)."""
-
-
-def overload_policies(names: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(the policies the default table runs, those it leaves out by design) of ``names``."""
-    keep = [n for n in names if not n.startswith(EXCLUDED_PREFIXES)]
-    return keep, [n for n in names if n.startswith(EXCLUDED_PREFIXES)]
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ property of a deterministic simulator)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -180,9 +182,50 @@ def test_oracle_search_is_never_worse_than_hexagent_on_its_objective():
         assert kind == "pair" or window >= 2  # another call needs a second call
 
 
+def test_the_search_leaves_picks_to_hexagent_above_the_backlog_bound(monkeypatch):
+    """No rollout runs while more arrived workflows than ``max_backlog`` are unfinished; a
+    bound the episode never reaches changes nothing."""
+    busy = dict(trace="bfcl_v3", num_workflows=20, load=3.0)
+    search = HexAgentSearch(k=3, max_backlog=4)
+    score = HexAgentSearch._score
+    backlogs = []
+
+    def scored(self, cand):
+        backlogs.append(len(self._sim.workflows) - len(self._sim.finished))
+        return score(self, cand)
+
+    monkeypatch.setattr(HexAgentSearch, "_score", scored)
+    run_policy(simulator(**busy), search)
+    assert backlogs and max(backlogs) <= 4 and search.over_backlog > 0
+    unbounded, far = HexAgentSearch(k=3, max_backlog=None), HexAgentSearch(k=3, max_backlog=20)
+    a, b = simulator(**busy), simulator(**busy)
+    run_policy(a, unbounded)
+    run_policy(b, far)  # 20 workflows: never over 20
+    assert placements(a) == placements(b) and far.over_backlog == 0
+    assert unbounded.rollouts == far.rollouts > search.rollouts
+
+
+@pytest.mark.parametrize("config", ["configs/experiments/headroom.yaml",
+                                    "configs/experiments/search_knowledge.yaml",
+                                    "configs/experiments/teacher_heldout.yaml",
+                                    "configs/mixtures/bfcl-mix.yaml"])
+def test_the_default_backlog_bound_never_binds_where_the_search_is_reported(config):
+    # docs/learned.md's search figures come from these episodes: a backlog of at most their
+    # length can never exceed the default bound, so the bound leaves those figures as they are
+    import yaml
+
+    from hexagent_gym.agents.search import MAX_BACKLOG
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / config).read_text())
+    assert (doc.get("episode") or doc)["num_workflows"] <= MAX_BACKLOG
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="k must be an integer >= 1"):
         HexAgentSearch(k=0)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="max_backlog must be an integer >= 1 or None"):
+            HexAgentSearch(max_backlog=bad)
     with pytest.raises(ValueError, match="horizon must be one of arrived, episode"):
         HexAgentSearch(horizon="forever")
     with pytest.raises(ValueError, match="needs oracle=True"):

@@ -22,7 +22,6 @@ from hexagent_gym.experiments.overload_bench import (
     bench_overload,
     flat_ratio,
     over_goal,
-    overload_policies,
 )
 from hexagent_gym.planning import kernels
 from hexagent_gym.planning.decisions import DecisionPoint, Stage
@@ -126,13 +125,6 @@ def test_overload_bench_rows():
     assert over_goal(rows, goal=0.0) == [(p, flat_ratio(rows, p)) for p in ("fcfs", "hexagent")]
     assert over_goal(rows[:2], goal=0.0) == []  # one episode length: no ratio
     assert FLAT_GOAL == 1.5
-
-
-def test_the_overload_table_leaves_out_the_search_policies():
-    keep, left = overload_policies(["fcfs", "hexagent", "hexagent-search",
-                                    "hexagent-search-oracle", "hexagent-lb"])
-    assert keep == ["fcfs", "hexagent", "hexagent-lb"]
-    assert left == ["hexagent-search", "hexagent-search-oracle"]
 
 
 def _fresh(dp: DecisionPoint) -> DecisionPoint:
