@@ -336,11 +336,9 @@ class LearnedPredictor(HorizonPredictor):
                 self.version += 1
 
     def predict(self, rows: Sequence[tuple[Workflow, list[float]]]) -> list[float]:
-        model = self._model
-        if model is None:
+        if self._model is None:
             return self._episode_fallback.predict(rows)
-        exp = math.exp  # predict_rows, written out: it runs once per forecast
-        return [exp(v) for v in model.predict([r for _, r in rows])]
+        return self.predict_rows([r for _, r in rows])
 
     def row_scorer(self) -> Callable[[list[float]], float] | None:
         return None if self._model is None else self._model.scorer()

@@ -23,6 +23,7 @@ from hexagent_gym.futures.horizon_predictors import (
     HorizonPredictor,
     arrival_features,
     scopes,
+    workflow_features,
 )
 from hexagent_gym.planning import kernels
 
@@ -290,9 +291,6 @@ class HorizonTracker:
         if not changed:  # most decisions: nothing shown has moved since it was last judged
             return
         predictor, version, gate = self.predictor, self._model_version, self.gate
-        # the loops below are :func:`workflow_features`, :func:`log_ratio`, :meth:`gate.watch
-        # <ForecastGate.watch>` and :func:`gated` written out: they run once per forecast, about
-        # once per simulated call, where each function call costs a share of the budget
         tracked, judgement = self._tracked, gate.judgement
         score, exp = self._score, math.exp  # score: HorizonPredictor.row_scorer, or None
         made: list[tuple[Workflow, _Tracked, float]] = []  # forecasts, scored as rows are made
@@ -308,13 +306,11 @@ class HorizonTracker:
                 if by_app is None:
                     by_app = self._by_app[app] = {}
                 by_app[wf.uid] = wf
-            done = wf.num_done
-            progress = 2 * done + len(wf.open_calls)
+            progress = 2 * wf.num_done + len(wf.open_calls)
             if t.progress != progress:
                 t.progress = progress
-                row = t.row = [*t.arrival, float(done + len(wf.open_calls)), float(done),
-                               wf.h_est, wf.h_est_done]
-                t.rows.append(row)
+                t.row = workflow_features(wf, 0.0, t.arrival)
+                t.rows.append(t.row)
             elif t.version == version:  # its application's judgement moved: judged again
                 app = wf.spec.app_id
                 wf.h_pred = gated(judgement.get(app) or gate.judge(app), t.h, t.ratio)
@@ -327,28 +323,18 @@ class HorizonTracker:
                 kept.append((wf, t))
         if stale:
             made = [(wf, t, h) for (wf, t), h in zip(kept, predictor.predict(stale), strict=True)]
-        log, ratios = math.log, gate._ratios
+        log = math.log
         for wf, t, h in made:
             h_est = wf.h_est
             if h > 0.0:
                 t.issued.append(log(h))
-                r = log(h / h_est) if h_est > 0.0 else None
+                r = log(h / h_est) if h_est > 0.0 else None  # log_ratio(h, h_est)
             else:
                 r = None
             app = wf.spec.app_id
-            old = t.ratio
-            if old is not None or r is not None:  # gate.watch(app, old, r)
-                watched = ratios.get(app)
-                if watched is None:
-                    watched = ratios[app] = []
-                if old is not None and old == old:
-                    del watched[bisect_left(watched, old)]
-                if r is not None and r == r:
-                    insort(watched, r)
+            gate.watch(app, t.ratio, r)
             t.h, t.ratio = h, r
-            verdict = judgement.get(app) or gate.judge(app)
-            wf.h_pred = (0.0 if not verdict[0] or (r is not None and verdict[1] is not None
-                                                    and r <= verdict[1]) else h)
+            wf.h_pred = gated(judgement.get(app) or gate.judge(app), h, r)
 
     def _learn(self, new: Sequence[Workflow]) -> None:
         tracked = self._tracked
