@@ -45,7 +45,7 @@ import numpy as np
 
 from hexagent_gym.agents.hexagent import HexAgentPolicy, projected_risk
 from hexagent_gym.planning.decisions import DecisionPoint, Stage
-from hexagent_gym.sim.fork import fork, known_only, pending_decision, revealed_only, shared_objects
+from hexagent_gym.sim.fork import ForkShare, fork, known_only, pending_decision, revealed_only
 from hexagent_gym.sim.metrics import req, slo_ratio
 
 HORIZONS = ("arrived", "episode")
@@ -105,7 +105,7 @@ class HexAgentSearch(HexAgentPolicy):
         elif knowledge == "revealed":
             self.name = "hexagent-search-revealed"
         self._sim = None
-        self._shared: dict | None = None
+        self._shared: ForkShare | None = None
         self.rollouts = 0  # rollouts run this episode (cost accounting)
         self.over_backlog = 0  # picks left to HexAgent because the backlog was over the bound
         self.changed = 0  # picks where a candidate other than HexAgent's won
@@ -117,7 +117,7 @@ class HexAgentSearch(HexAgentPolicy):
     def reset(self, sim) -> None:
         super().reset(sim)
         self._sim = sim
-        self._shared = shared_objects(sim)
+        self._shared = ForkShare(sim)
         self.rollouts = self.changed = self.over_backlog = 0
         self.deviations = []
 

@@ -1,10 +1,12 @@
 """Exact copies of a running simulator: the seam for search policies and what-if questions.
 
 A fork is a deep copy of the episode's mutable state (clock, event heap, instances, queues,
-calls, workflows, prefix caches, the open decision point and its Ŝ, counters, random
+live calls and workflows, prefix caches, the open decision point and its Ŝ, counters, random
 generators) that shares everything the episode never mutates (cluster, tables, workload and call
 specs, latency models, the length predictor, the standalone-horizon cache, the drawn estimation
-errors and predictions). Continued with the same picks, a fork produces exactly the original's
+errors and predictions) and, through :class:`ForkShare`, the workflows that have finished and
+their calls, which nothing touches again: a fork then costs the live state, not the episode's
+history (docs/overload.md). Continued with the same picks, a fork produces exactly the original's
 events and results (tested), and nothing done to a fork reaches the original.
 
 :func:`known_only` cuts a fork down to what a scheduler could know (no future arrivals,
@@ -41,8 +43,8 @@ _NOT_DECODING = (CallState.HIDDEN, CallState.WAITING_PREFILL, CallState.PREFILL,
 def shared_objects(sim: Engine) -> dict[int, Any]:
     """The deepcopy memo of what every fork of ``sim`` shares with it (read-only state).
 
-    Build it once per episode and pass it to :func:`fork`; it stays valid for the episode
-    because these objects are never replaced or mutated after construction.
+    It stays valid for the episode because these objects are never replaced or mutated after
+    construction; :class:`ForkShare` holds it for :func:`fork`.
     """
     keep: list[Any] = [sim.cluster, sim.tables, sim.workload, sim.horizons, sim.predictor,
                        getattr(sim, "_err", None), getattr(sim, "_pred", None),
@@ -53,6 +55,37 @@ def shared_objects(sim: Engine) -> dict[int, Any]:
         keep.append(spec)
         keep.extend(spec.calls)
     return {id(obj): obj for obj in keep if obj is not None}
+
+
+class ForkShare:
+    """The memo of what forks of one episode share with it, kept current as workflows finish.
+
+    :func:`shared_objects` at construction, plus every workflow in ``sim.finished`` and its
+    calls, added as they finish (each once: :meth:`memo` reads only the finish list's new tail).
+    A finished workflow is never written again (its calls are done; the cuts of
+    :func:`known_only` and :func:`revealed_only` skip it), so sharing it keeps forks exact, and
+    the finish list keeps it alive, so its ``id`` stays its own. Valid for the episode of
+    ``sim`` only.
+    """
+
+    __slots__ = ("sim", "_memo", "_seen")
+
+    def __init__(self, sim: Engine) -> None:
+        self.sim = sim
+        self._memo = shared_objects(sim)
+        self._seen = 0
+
+    def memo(self) -> dict[int, Any]:
+        """The shared memo now (the live dict: copy it before handing it to ``deepcopy``)."""
+        finished = self.sim.finished
+        if self._seen < len(finished):
+            memo = self._memo
+            for wf in finished[self._seen:]:
+                memo[id(wf)] = wf
+                for c in wf.calls:
+                    memo[id(c)] = c
+            self._seen = len(finished)
+        return self._memo
 
 
 def _counter_copies(sim: Engine) -> dict[int, Any]:
@@ -68,7 +101,8 @@ def _counter_copies(sim: Engine) -> dict[int, Any]:
     return out
 
 
-def fork(sim: Engine, *bound: Any, shared: dict[int, Any] | None = None) -> tuple[Any, ...]:
+def fork(sim: Engine, *bound: Any,
+         shared: ForkShare | None = None) -> tuple[Any, ...]:
     """Copy ``sim`` and the objects ``bound`` to it, keeping their references to each other.
 
     Args:
@@ -76,14 +110,22 @@ def fork(sim: Engine, *bound: Any, shared: dict[int, Any] | None = None) -> tupl
         bound: objects holding references into the episode that must follow the copy, e.g. a
             policy with per-decision state (its reference to the open decision point then points
             at the copy's).
-        shared: the memo of :func:`shared_objects` (built here when None).
+        shared: a :class:`ForkShare` of ``sim`` (a search forking many times keeps one for the
+            episode), or None (built here).
 
     Returns:
         ``(sim_copy, *bound_copies)``; :func:`pending_decision` of the copy is the copy of the
         open decision point (None if none is open).
     """
-    memo = dict(shared if shared is not None else shared_objects(sim))
+    if shared is None:
+        shared = ForkShare(sim)
+    elif shared.sim is not sim:
+        raise ValueError("shared is the ForkShare of another simulator")
+    memo = dict(shared.memo())
     memo.update(_counter_copies(sim))
+    # lists that only grow and hold only shared or immutable items: copied flat, not walked
+    memo[id(sim.finished)] = list(sim.finished)
+    memo[id(sim.invocation_seconds)] = list(sim.invocation_seconds)
     return copy.deepcopy((sim, *bound), memo)
 
 
@@ -115,6 +157,8 @@ def known_only(sim: Engine) -> None:
     if getattr(sim, "_faults", None) is not None:  # faults under way and their ends, no new one
         sim._faults.forget_future()
     for wf in sim.workflows:
+        if wf.finish_t >= 0.0:  # done, and shared with the original (ForkShare): not ours
+            continue
         for c in wf.calls:
             if (c.state in _NOT_DECODING and c.generated == 0 and c.width == 1
                     and c.lead is None and c.l_out != c.l_out_pred):
@@ -151,4 +195,4 @@ def revealed_only(sim: Engine) -> None:
             sim.finished.append(wf)
 
 
-__all__ = ["fork", "known_only", "pending_decision", "revealed_only", "shared_objects"]
+__all__ = ["ForkShare", "fork", "known_only", "pending_decision", "revealed_only", "shared_objects"]

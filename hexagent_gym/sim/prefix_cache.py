@@ -61,6 +61,26 @@ class PrefixCache:
         self.holders = holders
         self._bit = 1 << bit
 
+    def __deepcopy__(self, memo: dict) -> PrefixCache:
+        """An exact copy for a fork (``hexagent_gym.sim.fork``): every container holds ints only,
+        so flat copies are deep ones; copying them flat keeps a fork's cost off the cache's size
+        (a full cache holds tens of thousands of blocks). ``holders`` stays shared among the
+        copies of one cluster's caches, as it is among the originals."""
+        new = PrefixCache.__new__(PrefixCache)
+        memo[id(self)] = new
+        new.block_tokens, new.capacity = self.block_tokens, self.capacity
+        new.evictions, new.inserted, new._bit = self.evictions, self.inserted, self._bit
+        new._lru = self._lru.copy()
+        new._refs = self._refs.copy()
+        holders = self.holders
+        if holders is not None:
+            copied = memo.get(id(holders))
+            if copied is None:
+                copied = memo[id(holders)] = holders.copy()
+            holders = copied
+        new.holders = holders
+        return new
+
     def __len__(self) -> int:
         """Blocks cached now."""
         return len(self._lru)

@@ -6,7 +6,7 @@ import pytest
 
 from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.planning.decisions import earliest_finish_pick
-from hexagent_gym.sim.fork import fork, pending_decision
+from hexagent_gym.sim.fork import ForkShare, fork, known_only, pending_decision, revealed_only
 
 CASES = {
     "groups": dict(cluster="hetero-1", trace="lats", num_workflows=30, load=1.0),
@@ -97,3 +97,56 @@ def test_fork_shares_read_only_inputs_and_copies_state():
     sim.events.push(99.0, 0, None)
     copy.events.push(99.0, 0, None)
     assert max(e[2] for e in sim.events.heap) == max(e[2] for e in copy.events.heap)
+
+
+def _state(obj) -> tuple:
+    """Every slot of ``obj``: plain values as they are, lists item by item, other objects by
+    identity (a shared finished workflow must keep pointing at the same things)."""
+    def value(v):
+        if isinstance(v, list):
+            return tuple(value(x) for x in v)
+        if v is None or isinstance(v, (bool, int, float, str, tuple)):
+            return v
+        return ("id", id(v))
+    slots = [name for cls in type(obj).__mro__ for name in getattr(cls, "__slots__", ())]
+    return tuple((name, value(getattr(obj, name, None))) for name in slots)
+
+
+def _finished_state(sim) -> list[tuple]:
+    return [(_state(w), [_state(c) for c in w.calls]) for w in sim.finished]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("cut", [None, known_only, revealed_only])
+def test_forks_share_finished_workflows_and_never_write_them(case, cut):
+    sim = simulator(case)
+    dp = sim.run_until_decision()
+    share = ForkShare(sim)
+    while not 5 <= len(sim.finished) < len(sim.workflows):  # some finished, some live
+        while not dp.done:
+            dp.pick(*earliest_finish_pick(dp))
+        dp = sim.run_until_decision()
+        assert dp is not None, "the episode ended before the fork point"
+    before = _finished_state(sim)
+    live = [w for w in sim.workflows if w.finish_t < 0]
+    assert before and live
+    (copy,) = fork(sim, shared=share)
+    shared = {id(w) for w in copy.workflows} & {id(w) for w in sim.workflows}
+    assert shared == {id(w) for w in sim.finished}  # finished: shared; live: copied
+    assert copy.finished == sim.finished and copy.finished is not sim.finished
+    if cut is not None:
+        cut(copy)
+    finish(copy, pending_decision(copy), last_slot_pick)
+    assert copy.done
+    assert _finished_state(sim) == before
+    # a later fork shares what finished since, and still continues exactly
+    finish(sim, dp)
+    assert _finished_state(sim)[:len(before)] == before
+
+
+def test_fork_share_belongs_to_one_simulator():
+    sim, other = simulator("groups"), simulator("groups")
+    sim.run_until_decision()
+    other.run_until_decision()
+    with pytest.raises(ValueError, match="another simulator"):
+        fork(other, shared=ForkShare(sim))

@@ -3,6 +3,7 @@ and the exact ideal reuse of a Mooncake-format replay."""
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -111,6 +112,22 @@ def test_the_shared_index_gives_every_caches_match(ops, capacity):
 def _cache_state(caches, holders):
     return ([(c.blocks(), dict(c._refs), c.inserted, c.evictions) for c in caches],
             dict(holders))
+
+
+def test_a_deep_copy_of_a_clusters_caches_is_exact_independent_and_shares_one_index():
+    holders: dict[int, int] = {}
+    caches = [PrefixCache(5 * 16, 16, holders, i) for i in range(2)]
+    caches[0].insert([1, 2, 3], 0)  # still locked
+    caches[1].unlock([1, 4], caches[1].insert([1, 4], 0))
+    before = _cache_state(caches, holders)
+    copies = copy.deepcopy(caches)
+    assert copies[0].holders is copies[1].holders is not holders
+    assert _cache_state(copies, copies[0].holders) == before
+    for c in copies:  # evict and insert in the copies: the originals keep their state
+        c.unlock([1, 2, 3], c.locked())
+        c.insert([7, 8, 9, 10, 11], 0)
+    assert _cache_state(caches, holders) == before
+    assert _cache_state(copies, copies[0].holders) != before
 
 
 @pytest.mark.skipif(not kernels.AVAILABLE, reason="the compiled kernels are not built")
