@@ -12,7 +12,8 @@ Two variants (``docs/learned.md`` reports both next to HexAgent):
 
 - ``hexagent-search-oracle`` (``oracle=True``): the fork is the true future (arrivals yet to
   come, hidden calls, true output lengths) and ratios use the true standalone times H_w. An upper
-  bound on what a better pick order and placement can achieve: not implementable.
+  bound on what a better pick order and placement can achieve: not implementable. With
+  ``max_backlog`` set (the default) its future holds the next ``max_backlog`` arrivals, no more.
 - ``hexagent-search`` (``oracle=False``): the fork knows only what a scheduler could: no future
   arrivals (the workload is cut at the workflows already arrived), predicted output lengths in
   place of the true ones for every call not yet decoding, and ratios against the scheduler's
@@ -45,7 +46,14 @@ import numpy as np
 
 from hexagent_gym.agents.hexagent import HexAgentPolicy, projected_risk
 from hexagent_gym.planning.decisions import DecisionPoint, Stage
-from hexagent_gym.sim.fork import ForkShare, fork, known_only, pending_decision, revealed_only
+from hexagent_gym.sim.fork import (
+    ForkShare,
+    cut_arrivals,
+    fork,
+    known_only,
+    pending_decision,
+    revealed_only,
+)
 from hexagent_gym.sim.metrics import req, slo_ratio
 
 HORIZONS = ("arrived", "episode")
@@ -69,8 +77,10 @@ class HexAgentSearch(HexAgentPolicy):
             revealed so far only). Ignored by the oracle, which holds the true future.
         max_backlog: search only while at most this many arrived workflows are unfinished
             (an integer >= 1; None: always), else keep HexAgent's pick, so that a pick's cost
-            stays bounded under overload. With ``horizon="episode"`` a rollout runs the whole
-            remaining episode whatever the backlog, so its cost is not bounded by it.
+            stays bounded under overload; the oracle's rollouts (``horizon="arrived"``) see
+            the true future up to the next ``max_backlog`` arrivals. With ``horizon="episode"``
+            a rollout runs the whole remaining episode whatever the backlog, so its cost is not
+            bounded by it.
     """
 
     name = "hexagent-search"
@@ -174,6 +184,11 @@ class HexAgentSearch(HexAgentPolicy):
         (sim,) = fork(self._sim, shared=self._shared)
         if not self.oracle:
             (revealed_only if self.knowledge == "revealed" else known_only)(sim)
+        elif self.max_backlog is not None and self.horizon == "arrived":
+            # the true future, up to the next max_backlog arrivals: under overload the scored
+            # workflows would otherwise finish only after a stream of later arrivals whose
+            # length grows with the episode's
+            cut_arrivals(sim, len(sim.workflows) + self.max_backlog)
         scored = len(sim.workflows) if self.horizon == "arrived" else None
         dp = pending_decision(sim)
         dp.pick(*cand)

@@ -135,6 +135,28 @@ def pending_decision(sim: Engine) -> DecisionPoint | None:
     return sim._pending
 
 
+def cut_arrivals(sim: Engine, keep: int) -> None:
+    """End a fork's workload after its first ``keep`` workflows (in place): later ones never
+    arrive. ``keep`` below the number arrived is an error; at or above the workload's length
+    nothing changes. :func:`known_only` keeps the arrived ones; the oracle search keeps a window
+    of the true future (``hexagent_gym.agents.search``). Never apply it to the episode being
+    scored."""
+    arrived = len(sim.workflows)
+    if keep < arrived:
+        raise ValueError(f"cannot cut the workload to {keep} workflows: {arrived} have arrived")
+    w = sim.workload
+    if keep >= len(w.workflows):
+        return
+    sim.workload = EpisodeWorkload(w.workflows[:keep], w.arrivals[:keep], w.trace_indices[:keep])
+    heap = sim.events.heap
+    # arrivals are pushed one at a time (the next one only): drop it if it is cut off
+    kept = [e for e in heap if e[1] != Phase.ARRIVAL or e[3] < keep]
+    if len(kept) != len(heap):
+        heap[:] = kept
+        heapq.heapify(heap)
+    sim._next_arrival = min(sim._next_arrival, keep)
+
+
 def known_only(sim: Engine) -> None:
     """Cut a fork down to what its scheduler knows (in place): no workflow arrives after now, and
     every call not decoding yet has its predicted output length as its true one (KV demand
@@ -144,16 +166,7 @@ def known_only(sim: Engine) -> None:
     Sample-group leaders keep their group's true demand (a group's KV is the sum over its
     members; the predictor gives the leader's own length only).
     """
-    arrived = len(sim.workflows)
-    w = sim.workload
-    sim.workload = EpisodeWorkload(w.workflows[:arrived], w.arrivals[:arrived],
-                                   w.trace_indices[:arrived])
-    heap = sim.events.heap
-    kept = [e for e in heap if e[1] != Phase.ARRIVAL]
-    if len(kept) != len(heap):
-        heap[:] = kept
-        heapq.heapify(heap)
-    sim._next_arrival = arrived
+    cut_arrivals(sim, len(sim.workflows))
     if getattr(sim, "_faults", None) is not None:  # faults under way and their ends, no new one
         sim._faults.forget_future()
     for wf in sim.workflows:
@@ -195,4 +208,5 @@ def revealed_only(sim: Engine) -> None:
             sim.finished.append(wf)
 
 
-__all__ = ["ForkShare", "fork", "known_only", "pending_decision", "revealed_only", "shared_objects"]
+__all__ = ["ForkShare", "cut_arrivals", "fork", "known_only", "pending_decision", "revealed_only",
+           "shared_objects"]

@@ -16,7 +16,7 @@ from hexagent_gym.episode import EpisodeConfig, EpisodeFactory
 from hexagent_gym.planning.entities import CallState
 from hexagent_gym.policy import make_policy, policy_names, run_policy
 from hexagent_gym.sim.events import Phase
-from hexagent_gym.sim.fork import fork, known_only, pending_decision, revealed_only
+from hexagent_gym.sim.fork import cut_arrivals, fork, known_only, pending_decision, revealed_only
 
 SMALL = dict(cluster="tiny-2p2d", trace="mixed", num_workflows=14, load=1.0,
              max_calls_per_decision=8)
@@ -205,13 +205,65 @@ def test_the_search_leaves_picks_to_hexagent_above_the_backlog_bound(monkeypatch
     assert unbounded.rollouts == far.rollouts > search.rollouts
 
 
+def _busy_until_five_arrived():
+    sim = simulator(trace="bfcl_v3", num_workflows=20, load=3.0)
+    dp = sim.run_until_decision()
+    while len(sim.workflows) < 5:
+        while not dp.done:
+            dp.pick(*HexAgentPolicy().pick(dp))
+        dp = sim.run_until_decision()
+    return sim
+
+
+def test_cut_arrivals_keeps_the_first_workflows_and_nothing_after():
+    sim = _busy_until_five_arrived()
+    arrived = len(sim.workflows)
+    with pytest.raises(ValueError, match=f"{arrived} have arrived"):
+        cut_arrivals(sim, arrived - 1)
+    (whole,) = fork(sim)
+    cut_arrivals(whole, 20)  # the whole workload: nothing changes
+    (cut,) = fork(sim)
+    cut_arrivals(cut, arrived + 3)
+    ref = _busy_until_five_arrived()
+    _run_to_end(ref)
+    for copy in (whole, cut):
+        _run_to_end(copy)
+        assert copy.done
+    assert placements(whole) == placements(ref)
+    assert len(cut.workflows) == len(cut.finished) == arrived + 3
+    assert [w.arrival for w in cut.workflows] == [w.arrival for w in ref.workflows[:arrived + 3]]
+    assert len(sim.workflows) == arrived
+
+
+def test_oracle_rollouts_see_at_most_max_backlog_future_arrivals(monkeypatch):
+    import hexagent_gym.agents.search as search_module
+
+    seen = []  # (arrived at the fork, workflows in the rollout's workload)
+    finished = search_module._Finished
+
+    def spy(sim, scored):
+        seen.append((scored, len(sim.workload.workflows)))
+        return finished(sim, scored)
+
+    monkeypatch.setattr(search_module, "_Finished", spy)
+    run_policy(simulator(trace="bfcl_v3", num_workflows=20, load=3.0),
+               HexAgentSearchOracle(k=2, max_backlog=3))
+    assert seen and all(total <= arrived + 3 for arrived, total in seen)
+    assert any(total < 20 for _, total in seen)  # the window binds somewhere
+    seen.clear()
+    run_policy(simulator(trace="bfcl_v3", num_workflows=20, load=3.0),
+               HexAgentSearchOracle(k=2, max_backlog=None))
+    assert seen and all(total == 20 for _, total in seen)  # no bound: the whole true future
+
+
 @pytest.mark.parametrize("config", ["configs/experiments/headroom.yaml",
                                     "configs/experiments/search_knowledge.yaml",
                                     "configs/experiments/teacher_heldout.yaml",
                                     "configs/mixtures/bfcl-mix.yaml"])
 def test_the_default_backlog_bound_never_binds_where_the_search_is_reported(config):
     # docs/learned.md's search figures come from these episodes: a backlog of at most their
-    # length can never exceed the default bound, so the bound leaves those figures as they are
+    # length can never exceed the default bound, and the oracle's window of arrived + bound
+    # workflows always holds the whole episode, so the bound leaves those figures as they are
     import yaml
 
     from hexagent_gym.agents.search import MAX_BACKLOG
