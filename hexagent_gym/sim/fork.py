@@ -101,8 +101,7 @@ def _counter_copies(sim: Engine) -> dict[int, Any]:
     return out
 
 
-def fork(sim: Engine, *bound: Any,
-         shared: ForkShare | None = None) -> tuple[Any, ...]:
+def fork(sim: Engine, *bound: Any, shared: ForkShare | None = None) -> tuple[Any, ...]:
     """Copy ``sim`` and the objects ``bound`` to it, keeping their references to each other.
 
     Args:
