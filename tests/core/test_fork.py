@@ -139,8 +139,20 @@ def test_forks_share_finished_workflows_and_never_write_them(case, cut):
     finish(copy, pending_decision(copy), last_slot_pick)
     assert copy.done
     assert _finished_state(sim) == before
-    # a later fork shares what finished since, and still continues exactly
+    # a later fork through the same share also shares what finished since, and continues
+    # exactly like the original
+    count = len(sim.finished)
+    while len(sim.finished) == count:
+        while not dp.done:
+            dp.pick(*earliest_finish_pick(dp))
+        dp = sim.run_until_decision()
+        assert dp is not None, "the episode ended before a later fork point"
+    (later,) = fork(sim, shared=share)
+    shared = {id(w) for w in later.workflows} & {id(w) for w in sim.workflows}
+    assert shared == {id(w) for w in sim.finished} and len(shared) > count
+    finish(later, pending_decision(later))
     finish(sim, dp)
+    assert fingerprint(later) == fingerprint(sim)
     assert _finished_state(sim)[:len(before)] == before
 
 
